@@ -1,0 +1,1 @@
+"""abtrain: AB training (Coquelin et al.) and its baselines, with exact traffic accounting."""

@@ -1,0 +1,104 @@
+"""`python -m abtrain train --config FILE [--set key=value ...] --out DIR` (under torchrun)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m abtrain")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train one run (launch with torchrun)")
+    train.add_argument(
+        "--config", required=True, help="YAML file; params.yaml is read from its `train` section"
+    )
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    train.add_argument("--out", required=True, help="run folder: summary, ledger, checkpoints")
+    check = sub.add_parser("check", help="validate a config (and a world size) without training")
+    check.add_argument("--config", required=True)
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    check.add_argument("--world-size", type=int, default=1)
+    check.add_argument("--ranks-per-node", type=int, default=None)
+    compare = sub.add_parser("compare", help="table of finished runs; traffic relative to ddp")
+    compare.add_argument("runs", nargs="+", help="run folders holding summary.json")
+    args = parser.parse_args(argv)
+    if args.command == "compare":
+        return _compare(args.runs)
+
+    from abtrain.config import ConfigError, check_world, load
+
+    try:
+        cfg = load(args.config, args.overrides)
+        if args.command == "check":
+            check_world(cfg, args.world_size, args.ranks_per_node or args.world_size)
+            print(f"{args.config}: valid ({cfg.method})")
+            return 0
+        from abtrain.trainer import Launch
+
+        launch = Launch.from_env()
+        check_world(cfg, launch.world_size, launch.ranks_per_node)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return _train(cfg, args.out, launch)
+
+
+def _train(cfg, out: str, launch) -> int:
+    import torch.distributed as dist
+
+    from abtrain.trainer import Trainer
+
+    try:
+        summary = Trainer(cfg, out, launch).run()
+    except Exception as err:
+        # Name this rank: with several ranks failing together, the first line tells which
+        # one saw what (a peer that died shows up as a closed connection or a timeout).
+        print(
+            f"[abtrain] rank {launch.rank} (node {launch.node}) failed: {type(err).__name__}: {err}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if launch.rank == 0:
+        t = summary["traffic"]
+        print(
+            f"[abtrain] done: val top1 {summary['val_top1']['final']:.2f}%, "
+            f"inter-node {t['inter_node_bytes'] / 1e6:.2f} MB/rank, "
+            f"summary in {os.path.join(out, 'summary.json')}"
+        )
+    return 0
+
+
+def _compare(runs: list[str]) -> int:
+    import json
+    from pathlib import Path
+
+    rows = []
+    for run in runs:
+        path = Path(run) / "summary.json"
+        if not path.exists():
+            print(f"error: {path} does not exist (run not finished?)", file=sys.stderr)
+            return 2
+        rows.append(json.loads(path.read_text()))
+    ddp = next((r for r in rows if r["method"] == "ddp"), None)
+    print(
+        f"{'method':<14}{'ranks':>6}{'nodes':>6}{'val top1':>10}{'compr.':>8}"
+        f"{'inter-node MB/rank':>20}{'vs ddp':>8}{'wall s':>8}"
+    )
+    for r in rows:
+        inter = r["traffic"]["inter_node_bytes"]
+        ratio = f"{inter / ddp['traffic']['inter_node_bytes']:.3f}" if ddp else "-"
+        print(
+            f"{r['method']:<14}{r['world_size']:>6}{r['nodes']:>6}{r['val_top1']['final']:>9.2f}%"
+            f"{r['compression_ratio']:>8.2f}{inter / 1e6:>20.2f}{ratio:>8}{r['wall_seconds']:>8.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The one typed training config.
+
+Every value lives in `params.yaml` (section `train`); the schema here has no defaults on
+purpose, so a missing key is an error rather than a silently different run. Validation
+happens before any process group exists, and every error names the offending key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Method = Literal["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd"]
+AB_METHODS = ("ab", "ab_nogroups", "ab_individual")
+
+
+class ConfigError(ValueError):
+    """A config that can't be run; the message names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ModelConfig(_Section):
+    name: Literal["mlp", "cnn"]
+    width: int = Field(gt=0)
+    depth: int = Field(ge=1)
+    init: Literal["default", "ortho_sigma"]
+
+
+class DataConfig(_Section):
+    name: Literal["synthetic"]
+    features: int = Field(gt=0)
+    classes: int = Field(ge=2)
+    train_samples: int = Field(gt=0)
+    val_samples: int = Field(gt=0)
+
+
+class OptimConfig(_Section):
+    lr: float = Field(gt=0)
+    min_lr: float = Field(ge=0)
+    lr_warmup_steps: int = Field(ge=0)
+    weight_decay: float = Field(ge=0)
+    betas: list[float] = Field(min_length=2, max_length=2)
+    max_grad_norm: float  # <= 0 turns clipping off
+    label_smoothing: float = Field(ge=0, lt=1)
+
+
+class ABConfig(_Section):
+    warmup_steps: int = Field(ge=0)
+    ab_steps: int = Field(gt=0)
+    rebound_steps: int = Field(ge=0)
+    lr_rebound_steps: int = Field(ge=0)
+    sigma_cutoff: float = Field(gt=0, lt=1)
+    sync_mode: Literal["with_stale", "only_learned"]
+    group_size: int | None = Field(gt=0)  # None: the ranks of one node
+    full_rank_layers: list[str] | None  # None: first and last weight layer
+    optimizer_state: Literal["carry", "reset"]
+
+
+class PowerSGDConfig(_Section):
+    rank: int = Field(ge=1)
+    start_iter: int = Field(ge=2)  # torch requires > 1 with error feedback
+    error_feedback: bool
+    warm_start: bool
+
+
+class DistConfig(_Section):
+    backend: Literal["auto", "gloo", "nccl"]
+    timeout_s: int = Field(gt=0)
+    bucket_cap_mb: float = Field(gt=0)
+
+
+class Config(_Section):
+    method: Method
+    seed: int
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)  # per rank
+    eval_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # 0: only at the end
+    keep_checkpoints: int = Field(ge=1)
+    model: ModelConfig
+    data: DataConfig
+    optim: OptimConfig
+    ab: ABConfig
+    powersgd: PowerSGDConfig
+    dist: DistConfig
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        if self.optim.min_lr > self.optim.lr:
+            raise ValueError("optim.min_lr must not exceed optim.lr")
+        if self.method in AB_METHODS and self.ab.warmup_steps >= self.steps:
+            raise ValueError("ab.warmup_steps must be smaller than steps, or no AB phase runs")
+        return self
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _format(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<config>"
+        lines.append(f"  {key}: {e['msg']}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b=value` -> (['a', 'b'], value); the value is read as YAML (so 3, 0.1, true, [x])."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} is not of the form key=value")
+    return key.split("."), yaml.safe_load(raw) if raw else ""
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = raw
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                raise ConfigError(f"override {text!r}: {'.'.join(path[:-1])} is not a section")
+            node = node[part]
+        if path[-1] not in node:
+            raise ConfigError(f"override {text!r}: unknown key {'.'.join(path)}")
+        node[path[-1]] = value
+    return raw
+
+
+def from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
+    import copy
+
+    raw = apply_overrides(copy.deepcopy(raw), list(overrides))
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format(err)) from None
+
+
+def load(path: str | Path, overrides: list[str] = (), section: str = "train") -> Config:
+    """Read a config file. A file with a top-level `section` (params.yaml) is read from it."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping")
+    if isinstance(raw.get(section), dict):
+        raw = raw[section]
+    try:
+        return from_dict(raw, overrides)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def check_world(cfg: Config, world_size: int, ranks_per_node: int) -> int:
+    """Check the groups can be formed on this world; returns the AB group size.
+
+    Runs before init_process_group, from the launcher's environment.
+    """
+    if cfg.method not in AB_METHODS:
+        return world_size
+    if cfg.method == "ab_nogroups":
+        return world_size
+    size = 1 if cfg.method == "ab_individual" else (cfg.ab.group_size or ranks_per_node)
+    key = "ab.group_size" if cfg.ab.group_size else "ranks per node (default ab.group_size)"
+    if world_size % size:
+        raise ConfigError(f"{key}={size} does not divide the world size {world_size}")
+    if world_size // size < 2:
+        raise ConfigError(
+            f"{key}={size} gives {world_size // size} group on {world_size} ranks; "
+            "AB training needs at least one A group and one B group"
+        )
+    return size

@@ -1,0 +1,107 @@
+"""Start a run on this machine: one torchrun per "node", as a cluster would.
+
+`python -m abtrain.launch --nnodes 2 --nproc-per-node 2 train --config params.yaml --out DIR`
+starts two torchrun processes with a static rendezvous on 127.0.0.1; each acts as one node
+(torchrun's node rank becomes the node id in the traffic ledger).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_commands(
+    nnodes: int, nproc_per_node: int, args: Sequence[str], port: int
+) -> list[list[str]]:
+    return [
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc_per_node}",
+            f"--node-rank={node}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "-m",
+            "abtrain",
+            *args,
+        ]
+        for node in range(nnodes)
+    ]
+
+
+def run_local(
+    nnodes: int,
+    nproc_per_node: int,
+    args: Sequence[str],
+    env: dict[str, str] | None = None,
+    grace: float = 60.0,
+) -> int:
+    """Run `python -m abtrain ARGS` on nnodes × nproc_per_node ranks; returns the exit code.
+
+    When one node fails, the others get `grace` seconds to notice and stop by themselves
+    (each rank then reports what it saw), and are stopped after that.
+    """
+    env = {**os.environ, **(env or {})}
+    procs = [
+        subprocess.Popen(cmd, env=env, start_new_session=True)
+        for cmd in torchrun_commands(nnodes, nproc_per_node, args, free_port())
+    ]
+    code, deadline = 0, None
+    try:
+        while any(p.poll() is None for p in procs):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            for node, p in enumerate(procs):
+                if p.poll() and not code:
+                    code, deadline = p.returncode, time.monotonic() + grace
+                    print(
+                        f"[abtrain.launch] node {node} failed with exit code {code}; "
+                        "its torchrun report names the rank",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            time.sleep(0.2)
+        code = code or next((p.returncode for p in procs if p.returncode), 0)
+    finally:
+        _stop(procs)
+    return code
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m abtrain.launch")
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--nproc-per-node", type=int, default=1)
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of python -m abtrain")
+    ns = parser.parse_args(argv)
+    return run_local(ns.nnodes, ns.nproc_per_node, ns.args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

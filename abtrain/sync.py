@@ -1,0 +1,104 @@
+"""The collectives around the factors: agreeing their rank at a factorisation, and at the
+end of an AB phase averaging A and B across the workers before W = A·B.
+
+`with_stale` (the paper's): every rank's A and B, trained or frozen, averaged over the
+world, which halves each group's update. `only_learned`: A averaged over the A ranks, B
+over the B ranks, then each shared with everyone. Parameters that are never factorised,
+and float buffers, are averaged over the world either way.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from abtrain import lowrank
+from abtrain.groups import ABGroups
+from abtrain.ledger import Ledger
+from abtrain.lowrank import LowRankLayer
+
+
+@torch.no_grad()
+def factorize(
+    layers: dict[str, LowRankLayer], sigma_cutoff: float, role: str, ledger: Ledger
+) -> dict[str, int]:
+    """Split every W into A·B; this rank then trains `role`. Returns the rank of each layer.
+
+    Each rank picks k from its own σ; the maximum over the world is kept, so every replica
+    has the same shapes even where σ differ.
+    """
+    svds = [lowrank.svd(layer.weight) for layer in layers.values()]
+    device = next(iter(layers.values())).weight.device
+    ks = torch.tensor([lowrank.keep_rank(s, sigma_cutoff) for _, s, _ in svds], device=device)
+    ledger.all_reduce(ks, op=dist.ReduceOp.MAX)
+    for layer, (u, s, vh), k in zip(layers.values(), svds, ks.tolist()):
+        a, b = lowrank.split(u, s, vh, k)
+        layer.set_factors(a.to(layer.weight.dtype), b.to(layer.weight.dtype), role)
+    return dict(zip(layers, ks.tolist()))
+
+
+def shared_params(model: nn.Module, layers: dict[str, LowRankLayer]) -> list[nn.Parameter]:
+    """Parameters never factorised: biases, norms, tokens, full-rank layers."""
+    factor_ids = {id(t) for layer in layers.values() for t in (layer.weight, layer.a, layer.b)}
+    return [p for p in model.parameters() if id(p) not in factor_ids]
+
+
+def shared_state(model: nn.Module, layers: dict[str, LowRankLayer]) -> list[Tensor]:
+    """Shared parameters and float buffers (integer ones, BN's batch counters, stay)."""
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    return [t.data for t in shared_params(model, layers) + buffers]
+
+
+def _average(tensors: list[Tensor], ledger: Ledger, group=None) -> None:
+    """Average `tensors` in place over `group` with one all-reduce."""
+    if not tensors:
+        return
+    flat = _flatten_dense_tensors(tensors)
+    ledger.all_reduce(flat, group)
+    flat.div_(dist.get_world_size(group))
+    for t, avg in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+        t.copy_(avg)
+
+
+def _share(tensors: list[Tensor], ledger: Ledger, src: int) -> None:
+    flat = _flatten_dense_tensors(tensors)
+    ledger.broadcast(flat, src)
+    for t, new in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+        t.copy_(new)
+
+
+@torch.no_grad()
+def average(
+    model: nn.Module,
+    layers: dict[str, LowRankLayer],
+    groups: ABGroups,
+    mode: str,
+    ledger: Ledger,
+    moments: list[Tensor] = (),
+) -> None:
+    """Average the factors as `mode` says; everything else, and the optimizer `moments` of
+    the parameters every group trained, over the world. Without the moments the replicas
+    would drift apart again in the full-rank steps that follow."""
+    shared = shared_state(model, layers) + list(moments)
+    a = [layer.a.data for layer in layers.values()]
+    b = [layer.b.data for layer in layers.values()]
+    if groups.single:
+        # One group trained by DDP over the world: factors and parameters already agree,
+        # only buffers (updated locally, never all-reduced) differ.
+        _average([t for t in model.buffers() if t.is_floating_point()], ledger)
+    elif mode == "with_stale":
+        _average(a + b + shared, ledger)
+    elif mode == "only_learned":
+        _average(a if groups.role == "a" else b, ledger, groups.learners)
+        _share(a, ledger, src=groups.a_ranks[0])
+        _share(b, ledger, src=groups.b_ranks[0])
+        _average(shared, ledger)
+    else:
+        raise ValueError(f"unknown sync mode {mode!r}")
+
+
+def merge(layers: dict[str, LowRankLayer]) -> None:
+    for layer in layers.values():
+        layer.merge()

@@ -1,0 +1,118 @@
+import pytest
+import torch
+from torch import nn
+
+from abtrain import lowrank
+from abtrain.ledger import Ledger
+from tests.conftest import spawn
+
+
+def with_spectrum(sigma: list[float], m: int = 12, n: int = 9, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(m, len(sigma), generator=g))
+    v, _ = torch.linalg.qr(torch.randn(n, len(sigma), generator=g))
+    return u @ torch.diag(torch.tensor(sigma)) @ v.T
+
+
+def test_full_rank_rebuilds_w_to_float32_precision():
+    w = torch.randn(64, 48)
+    a, b = lowrank.factorize(w, sigma_cutoff=1e-9)
+    assert a.shape == (64, 48) and b.shape == (48, 48)
+    torch.testing.assert_close(a @ b, w, atol=1e-5, rtol=1e-5)
+
+
+def test_conv_weight_is_viewed_as_out_by_in_kh_kw():
+    w = torch.randn(16, 8, 3, 3)
+    a, b = lowrank.factorize(w, sigma_cutoff=1e-9)
+    assert a.shape == (16, 16) and b.shape == (16, 72)
+    torch.testing.assert_close((a @ b).view_as(w), w, atol=1e-5, rtol=1e-5)
+
+
+def test_cutoff_keeps_values_strictly_above_cutoff_times_sigma_max():
+    w = with_spectrum([10.0, 5.0, 2.0, 1.5, 0.1])
+    a, b = lowrank.factorize(w, sigma_cutoff=0.15)  # keeps σ > 1.5: three of them
+    assert a.shape == (12, 3) and b.shape == (3, 9)
+    assert lowrank.keep_rank(torch.tensor([1.0, 0.01]), 0.5) == 1
+    assert lowrank.keep_rank(torch.tensor([0.0, 0.0]), 0.5) == 1  # never zero
+
+
+def test_factors_split_sigma_evenly():
+    w = with_spectrum([4.0, 1.0])
+    a, b = lowrank.factorize(w, 0.1)
+    torch.testing.assert_close(a.norm(dim=0), b.norm(dim=1))  # both carry Σ^½
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: nn.Linear(10, 7), lambda: nn.Conv2d(3, 6, 3, padding=1, stride=2)]
+)
+def test_factorised_layer_runs_as_two_small_ops_equal_to_rebuilt_w(make):
+    torch.manual_seed(0)
+    layer = lowrank.LowRankLayer(make())
+    x = torch.randn(4, 10) if not layer.is_conv else torch.randn(2, 3, 8, 8)
+    a, b = lowrank.factorize(layer.weight.detach(), 0.3)
+    layer.set_factors(a, b, train="b")
+    assert not layer.a.requires_grad and layer.b.requires_grad and not layer.weight.requires_grad
+    y = layer(x)
+    y.sum().backward()
+    assert layer.a.grad is None and layer.b.grad is not None and layer.weight.grad is None
+    layer.merge()
+    assert layer.weight.requires_grad and not layer.b.requires_grad
+    torch.testing.assert_close(layer(x), y.detach(), atol=1e-5, rtol=1e-5)
+
+
+def model():
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3),
+        nn.Flatten(),
+        nn.Linear(8, 16),
+        nn.LayerNorm(16),
+        nn.Linear(16, 16),
+        nn.Linear(16, 4),
+    )
+
+
+def test_convert_keeps_first_and_last_layer_full_rank_by_default():
+    m = model()
+    layers = lowrank.convert(m, None)
+    assert list(layers) == ["2", "4"]
+    assert isinstance(m[0], nn.Conv2d) and isinstance(m[5], nn.Linear)
+    assert list(lowrank.convert(model(), ["4", "0"])) == ["2", "5"]
+    assert list(lowrank.convert(model(), [])) == ["0", "2", "4", "5"]
+
+
+def test_compression_counts_every_parameter():
+    m = model()
+    full = sum(p.numel() for p in m.parameters())
+    layers = lowrank.convert(m, None)
+    assert lowrank.parameter_counts(m) == (full, full)
+    for layer in layers.values():
+        a, b = lowrank.factorize(layer.weight.detach(), 0.1, rank=2)
+        layer.set_factors(a, b, "a")
+    # 16x8 -> 16x2 + 2x8 ; 16x16 -> 16x2 + 2x16
+    current = full - 16 * 8 - 16 * 16 + (32 + 16) + (32 + 32)
+    assert lowrank.parameter_counts(m) == (full, current)
+    assert lowrank.compression_ratio(m) == pytest.approx(full / current)
+
+
+def _agree(rank, world):
+    from abtrain import sync
+
+    torch.manual_seed(0)
+    layer = lowrank.LowRankLayer(nn.Linear(9, 12))
+    spectra = [
+        [10, 5, 2, 1.5, 0.1],
+        [10, 5, 0.5, 0.1, 0.1],
+        [10, 0.1, 0.1, 0.1, 0.1],
+        [10, 5, 2, 1.6, 1.55],
+    ]
+    with torch.no_grad():
+        layer.weight.copy_(with_spectrum([float(s) for s in spectra[rank]], seed=rank))
+    own = lowrank.keep_rank(lowrank.svd(layer.weight.detach())[1], 0.15)
+    ranks = sync.factorize({"l": layer}, 0.15, "a", Ledger(rank, [0, 0, 1, 1]))
+    return own, ranks["l"], tuple(layer.a.shape), tuple(layer.b.shape)
+
+
+def test_rank_agrees_across_ranks_whose_sigma_differ():
+    results = spawn(_agree)
+    assert [r[0] for r in results] == [3, 2, 1, 5]  # each rank alone would differ
+    assert {r[1:] for r in results} == {(5, (12, 5), (5, 9))}  # the world keeps the max

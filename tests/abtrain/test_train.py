@@ -1,0 +1,177 @@
+"""Real runs: `python -m abtrain.launch` starts two torchrun "nodes" of two gloo ranks each."""
+
+import re
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+from abtrain import lowrank, models, schedule
+from tests.conftest import launch, summary, tiny_config
+
+METHODS = ["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One short run of every method on 2 nodes × 2 ranks, shared by the tests below."""
+    out = {}
+    for method in METHODS:
+        d = tmp_path_factory.mktemp(method)
+        proc = launch(d, f"method={method}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[method] = d
+    return out
+
+
+def final_weights(run_dir, rank, steps=40):
+    state = torch.load(
+        run_dir / "checkpoints" / f"step_{steps:08d}" / f"rank_{rank}.pt", weights_only=True
+    )
+    return state["model"]
+
+
+# ---------------------------------------------------------------- analytic traffic
+# On the ring 0→1→2→3→0 with nodes {0,1} and {2,3}, ranks 1 and 3 send across nodes.
+# Per rank (mean over the 4 ranks), the inter-node bytes of one collective of S bytes are:
+def allreduce_inter(size):  # 2 of 4 ranks send 2·3/4·S across
+    return 2 * 1.5 * size / 4
+
+
+def broadcast_inter(size):  # chain 0→1→2→3 from rank 0: only 1→2 crosses
+    return size / 4
+
+
+def powersgd_payload(cfg, model):
+    """Bytes PowerSGD all-reduces per step once compressing: P, Q and the rest uncompressed."""
+    r, total = cfg.powersgd.rank, 0
+    for p in model.parameters():
+        n, m = p.shape[0], p.numel() // p.shape[0]
+        k = min(n, m, r)
+        total += (n + m) * k if (n + m) * k * 2 < n * m else n * m
+    return 4 * total
+
+
+def expected_inter_node_bytes(method, s):
+    cfg = tiny_config(f"method={method}")
+    model = models.build(cfg)
+    full = 4 * sum(p.numel() for p in model.parameters())
+    inter = 2 * 3 * 8 / 4  # the node map: all-gather of one int64
+    inter += broadcast_inter(full)  # DDP's first wrap: rank 0's state to all
+    inter += len(s["evals"]) * allreduce_inter(3 * 8)  # loss, correct, count as float64
+    steps = Counter(schedule.phase_at(t, cfg).kind for t in range(cfg.steps))
+    if method == "ddp":
+        return inter + cfg.steps * allreduce_inter(full)
+    if method == "powersgd":
+        start = cfg.powersgd.start_iter
+        return (
+            inter
+            + start * allreduce_inter(full)
+            + (cfg.steps - start) * allreduce_inter(powersgd_payload(cfg, model))
+        )
+    # AB methods: full-rank DDP over the world in warm-up and rebounds
+    inter += (steps["warmup"] + steps["rebound"]) * allreduce_inter(full)
+    layers = lowrank.convert(model, None)
+    weights = 4 * sum(layer.weight.numel() for layer in layers.values())
+    shared = full - weights
+    for f in s["factorizations"]:
+        inter += allreduce_inter(8 * len(layers))  # agreeing k: one int64 per layer
+        factors = {
+            n: 4 * k * (layer.weight.shape[0] + layer.weight.shape[1])
+            for (n, layer), k in zip(layers.items(), f["ranks"].values())
+        }
+        if method == "ab_nogroups":  # B (k × in) and the rest by DDP over the world
+            b = sum(4 * k * layers[n].weight.shape[1] for n, k in f["ranks"].items())
+            inter += steps_in_ab_phase(cfg, f["step"]) * allreduce_inter(b + shared)
+        else:  # groups train inside their node; the sync averages A, B, the rest and its
+            # two AdamW moments
+            inter += allreduce_inter(sum(factors.values()) + 3 * shared)
+    return inter
+
+
+def steps_in_ab_phase(cfg, start):
+    return sum(
+        1
+        for t in range(start, cfg.steps)
+        if schedule.phase_at(t, cfg) == schedule.phase_at(start, cfg)
+    )
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_runs_on_two_nodes_and_ledger_matches_analytic_bytes(runs, method):
+    s = summary(runs[method])
+    assert s["method"] == method and s["world_size"] == 4 and s["nodes"] == 2
+    assert s["steps"] == 40 and s["wall_seconds"] > 0
+    assert 0 <= s["val_top1"]["final"] <= s["val_top1"]["best"] <= 100
+    t = s["traffic"]
+    assert t["inter_node_bytes"] == pytest.approx(expected_inter_node_bytes(method, s), rel=1e-9)
+    assert t["total_bytes"] == pytest.approx(t["inter_node_bytes"] + t["intra_node_bytes"])
+    assert t["inter_node_bytes"] == pytest.approx(sum(p["inter"] for p in t["by_phase"].values()))
+    rows = [
+        line for line in (runs[method] / "ledger.jsonl").read_text().splitlines() if line.strip()
+    ]
+    assert {int(re.search(r'"rank": (\d+)', r).group(1)) for r in rows} == {0, 1, 2, 3}
+    if method.startswith("ab"):
+        assert (
+            s["factorizations"]
+            and s["compression_ratio"] == s["factorizations"][-1]["compression_ratio"]
+        )
+        assert {"warmup", "ab", "rebound", "factorize"} <= set(t["by_phase"])
+        # one group of all ranks already agrees at the sync: nothing to send
+        assert ("sync" in t["by_phase"]) == (method != "ab_nogroups")
+    else:
+        assert s["compression_ratio"] == 1.0
+
+
+def test_ab_halves_inter_node_traffic_against_ddp(runs):
+    ab = summary(runs["ab"])["traffic"]["inter_node_bytes"]
+    ddp = summary(runs["ddp"])["traffic"]["inter_node_bytes"]
+    assert ab <= 0.6 * ddp
+    # inside the AB phase the groups talk within their node only
+    assert summary(runs["ab"])["traffic"]["by_phase"]["ab"]["inter"] == 0
+
+
+def test_replicas_end_merged_and_identical(runs):
+    for method in ("ab", "ab_individual"):
+        states = [final_weights(runs[method], r) for r in range(4)]
+        for key, value in states[0].items():
+            for other in states[1:]:
+                assert torch.equal(value, other[key]), (method, key)
+
+
+def test_ddp_equals_one_process_on_the_concatenated_batch(runs, tmp_path):
+    proc = launch(tmp_path, "method=ddp", "batch_size=64", nnodes=1, nproc=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    single = final_weights(tmp_path, 0)
+    for key, value in final_weights(runs["ddp"], 0).items():
+        torch.testing.assert_close(value, single[key], atol=2e-5, rtol=1e-4)
+
+
+def test_killed_run_resumes_to_the_same_weights_and_loss_bit_for_bit(runs, tmp_path):
+    # rank 3 dies at step 25, inside an AB phase (replicas differ); last checkpoint: step 20
+    start = time.monotonic()
+    killed = launch(tmp_path, "method=ab", env={"ABTRAIN_FAIL_AT": "3:25"})
+    assert killed.returncode != 0 and not (tmp_path / "summary.json").exists()
+    assert time.monotonic() - start < 120  # the others stopped instead of hanging
+    log = killed.stdout + killed.stderr
+    assert re.search(r"rank\s*:\s*3 \(local_rank: 1\)", log), log[-3000:]  # torchrun names it
+    assert re.search(r"rank [0-2] \(node \d\) failed", log)  # survivors stopped by themselves
+    assert (tmp_path / "checkpoints" / "LATEST").read_text().strip() == "20"
+
+    resumed = launch(tmp_path, "method=ab")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from step 20 (ab phase)" in resumed.stdout
+    for rank in range(4):
+        want, got = final_weights(runs["ab"], rank), final_weights(tmp_path, rank)
+        for key in want:
+            assert torch.equal(want[key], got[key]), (rank, key)
+    a, b = summary(runs["ab"]), summary(tmp_path)
+    assert a["evals"] == b["evals"] and a["train_loss_final"] == b["train_loss_final"]
+    assert a["traffic"]["inter_node_bytes"] == b["traffic"]["inter_node_bytes"]
+
+
+def test_a_run_folder_refuses_another_config(runs):
+    proc = launch(runs["ddp"], "method=ddp", "optim.lr=0.1", nnodes=1, nproc=1)
+    assert proc.returncode != 0
+    assert "optim.lr differ" in proc.stderr
