@@ -21,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     check.add_argument("--world-size", type=int, default=1)
     check.add_argument("--ranks-per-node", type=int, default=None)
+    prep = sub.add_parser(
+        "prepare", help="verify the config's data set and write its prepared form"
+    )
+    prep.add_argument("--config", required=True)
+    prep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     compare = sub.add_parser("compare", help="table of finished runs; traffic relative to ddp")
     compare.add_argument("runs", nargs="+", help="run folders holding summary.json")
     args = parser.parse_args(argv)
@@ -31,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = load(args.config, args.overrides)
+        if args.command == "prepare":
+            return _prepare(cfg)
         if args.command == "check":
             check_world(cfg, args.world_size, args.ranks_per_node or args.world_size)
             print(f"{args.config}: valid ({cfg.method})")
@@ -71,6 +78,26 @@ def _train(cfg, out: str, launch) -> int:
             f"inter-node {t['inter_node_bytes'] / 1e6:.2f} MB/rank, "
             f"summary in {os.path.join(out, 'summary.json')}"
         )
+    return 0
+
+
+def _prepare(cfg) -> int:
+    from abtrain.data import DataError, prepare
+
+    if cfg.data.name == "synthetic":
+        print("data.name is synthetic: nothing to prepare")
+        return 0
+    try:
+        meta = prepare(cfg.data)
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for split, counts in meta["counts"].items():
+        print(
+            f"{split}: {sum(counts.values())} images in {len(counts)} classes "
+            f"({min(counts.values())}-{max(counts.values())} per class)"
+        )
+    print(f"prepared in {cfg.data.prepared} ({'tensor cache' if meta['cached'] else 'file index'})")
     return 0
 
 

@@ -8,7 +8,7 @@ happens before any process group exists, and every error names the offending key
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -25,19 +25,89 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class ModelConfig(_Section):
-    name: Literal["mlp", "cnn"]
+class _Model(_Section):
+    init: Literal["default", "ortho_sigma"]  # ortho_sigma: the authors' polar-factor init
+
+
+class MLPModel(_Model):
+    name: Literal["mlp"]
     width: int = Field(gt=0)
     depth: int = Field(ge=1)
-    init: Literal["default", "ortho_sigma"]
 
 
-class DataConfig(_Section):
+class ViTModel(_Model):
+    """The authors' mini-ViT (32 px, patch 8, depth 6, 6 heads, width 768) or ViT-B/16."""
+
+    name: Literal["vit"]
+    image_size: int = Field(gt=0)
+    patch_size: int = Field(gt=0)
+    width: int = Field(gt=0)
+    depth: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    mlp_ratio: float = Field(gt=0)
+    qkv_bias: bool
+
+    @model_validator(mode="after")
+    def _shapes(self) -> ViTModel:
+        if self.image_size % self.patch_size:
+            raise ValueError("model.patch_size must divide model.image_size")
+        if self.width % self.heads:
+            raise ValueError("model.heads must divide model.width")
+        return self
+
+
+class ResNetModel(_Model):
+    name: Literal["resnet50"]
+
+
+class VGGModel(_Model):
+    name: Literal["vgg16"]
+    # torchvision: 7x7 avg-pool + Linear(25088, 4096); timm: the first classifier layer is
+    # a 7x7 conv over the features pooled up to 7x7 (the authors' 44:1 model on CIFAR)
+    layout: Literal["torchvision", "timm"]
+    dropout: float = Field(ge=0, lt=1)
+
+
+ModelConfig = Annotated[MLPModel | ViTModel | ResNetModel | VGGModel, Field(discriminator="name")]
+
+
+class SyntheticData(_Section):
     name: Literal["synthetic"]
     features: int = Field(gt=0)
     classes: int = Field(ge=2)
     train_samples: int = Field(gt=0)
     val_samples: int = Field(gt=0)
+
+
+class ImageData(_Section):
+    """A real image data set, read by `python -m abtrain prepare` into `prepared`."""
+
+    name: Literal["cifar10", "cifar100", "imagefolder", "imagenet"]
+    source: str | None  # archive or folder; None: torchvision's download (CIFAR only)
+    sha256: str | None  # of an archive source; CIFAR's own archives are checked anyway
+    prepared: str  # folder the prepare step writes and training reads
+    train_per_class: int = Field(ge=0)  # stratified subset; 0: all
+    val_per_class: int = Field(ge=0)
+    image_size: int = Field(gt=0)  # training crop; small sizes are cached as tensors
+    augment: bool
+    workers: int = Field(ge=0)  # decoding threads for images read from files (not cached)
+
+    @model_validator(mode="after")
+    def _source(self) -> ImageData:
+        if self.source is None and self.name not in ("cifar10", "cifar100"):
+            raise ValueError(f"data.source is required for data set {self.name!r}")
+        return self
+
+
+DataConfig = Annotated[SyntheticData | ImageData, Field(discriminator="name")]
+
+
+class TrackingConfig(_Section):
+    enabled: bool
+    uri: str | None  # None: sqlite:///mlflow.db in the working directory
+    experiment: str
+    required: bool  # false: train on without tracking if the store can't be reached
+    log_every: int = Field(gt=0)  # steps between per-step metric rows
 
 
 class OptimConfig(_Section):
@@ -80,7 +150,8 @@ class Config(_Section):
     seed: int
     steps: int = Field(gt=0)
     batch_size: int = Field(gt=0)  # per rank
-    eval_every: int = Field(gt=0)
+    eval_every: int = Field(gt=0)  # steps between evaluations (the per-epoch metrics)
+    bf16: bool  # autocast the forward pass to bfloat16
     checkpoint_every: int = Field(ge=0)  # 0: only at the end
     keep_checkpoints: int = Field(ge=1)
     model: ModelConfig
@@ -89,6 +160,7 @@ class Config(_Section):
     ab: ABConfig
     powersgd: PowerSGDConfig
     dist: DistConfig
+    tracking: TrackingConfig
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
@@ -102,10 +174,15 @@ class Config(_Section):
         return self.model_dump(mode="json")
 
 
-def _format(err: ValidationError) -> str:
+def _format(err: ValidationError, raw: dict[str, Any]) -> str:
     lines = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<config>"
+        loc = list(e["loc"])
+        # a tagged section (model, data) puts its tag in the path: model.vit.width -> model.width
+        section = raw.get(loc[0]) if loc else None
+        if len(loc) > 1 and isinstance(section, dict) and loc[1] == section.get("name"):
+            del loc[1]
+        key = ".".join(str(p) for p in loc) or "<config>"
         lines.append(f"  {key}: {e['msg']}")
     return "invalid config:\n" + "\n".join(lines)
 
@@ -139,7 +216,7 @@ def from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
     try:
         return Config.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_format(err)) from None
+        raise ConfigError(_format(err, raw)) from None
 
 
 def load(path: str | Path, overrides: list[str] = (), section: str = "train") -> Config:

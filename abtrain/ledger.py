@@ -55,6 +55,10 @@ class Ledger:
         self.phase = "setup"
         self.step = 0
         self.rows: list[dict[str, Any]] = []
+        # Running mean over ranks of the bytes sent, from this rank's view: each collective
+        # counts what its whole group sends / group size (exact for the world, and for
+        # groups that mirror each other, as A/B groups do). For live progress and metrics.
+        self.sent = {"inter": 0.0, "intra": 0.0}
 
     def record(
         self, op: str, payload: int, group: dist.ProcessGroup | None, root: int | None = None
@@ -67,6 +71,8 @@ class Ledger:
                 step=self.step,
                 phase=self.phase,
                 op=op,
+                group=ranks,
+                root=root,
                 group_size=len(ranks),
                 group_nodes=len({self.nodes[r] for r in ranks}),
                 payload_bytes=payload,
@@ -74,6 +80,7 @@ class Ledger:
                 inter_node=self.nodes[peer] != self.nodes[self.rank],
             )
         )
+        self._count(op, payload, ranks, root)
 
     # Collectives made by abtrain itself go through these, so none escapes the ledger.
     def all_reduce(
@@ -118,6 +125,15 @@ class Ledger:
 
     def load_state(self, rows: list[dict[str, Any]]) -> None:
         self.rows = list(rows)
+        self.sent = {"inter": 0.0, "intra": 0.0}
+        for r in self.rows:
+            self._count(r["op"], r["payload_bytes"], r["group"], r.get("root"))
+
+    def _count(self, op: str, payload: int, ranks: list[int], root: int | None) -> None:
+        for member in ranks:
+            sent, peer = wire_bytes(op, payload, ranks, member, root)
+            side = "inter" if self.nodes[peer] != self.nodes[member] else "intra"
+            self.sent[side] += sent / len(ranks)
 
 
 class _CountingDist:

@@ -27,8 +27,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from abtrain import checkpoint, groups, ledger, lowrank, methods, models, schedule, sync
 from abtrain.config import Config, check_world
-from abtrain.data import StepSampler, SyntheticTask
-from abtrain.schedule import Phase
+from abtrain.data import StepSampler, make_task
+from abtrain.schedule import PHASE_IDS, Phase
+from abtrain.tracking import Tracker, TrackingError, git_commit
 
 DONE = Phase("done")
 
@@ -86,8 +87,11 @@ class Trainer:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.ledger = ledger.Ledger(self.rank, self._node_map())
         self.ledger.record("all_gather", 8, None)  # the node map itself
+        self.tracker = self._open_tracking()
 
-        self.model = models.build(cfg).to(self.device)
+        self.task = make_task(cfg)
+        self.sampler = StepSampler(len(self.task), cfg.batch_size, self.rank, self.world, cfg.seed)
+        self.model = models.build(cfg, self.task.classes, self.task.features).to(self.device)
         self.layers: dict[str, lowrank.LowRankLayer] = {}
         self.groups: groups.ABGroups | None = None
         if self.method.low_rank:
@@ -101,10 +105,6 @@ class Trainer:
             betas=tuple(cfg.optim.betas),
             weight_decay=cfg.optim.weight_decay,
         )
-        self.task = SyntheticTask(cfg)
-        self.sampler = StepSampler(
-            len(self.task.train[1]), cfg.batch_size, self.rank, self.world, cfg.seed
-        )
         torch.manual_seed(cfg.seed * 1000 + self.rank)  # per-rank stream for dropout etc.
 
         self.ddp: DistributedDataParallel | None = None
@@ -116,11 +116,23 @@ class Trainer:
         self.evals: list[dict[str, Any]] = []
         self.factorizations: list[dict[str, Any]] = []
         self.elapsed = 0.0
+        self.window: list[tuple[float, float]] = []  # (loss, top1) since the last evaluation
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> dict[str, Any]:
+        try:
+            summary = self._run()
+        except BaseException:
+            self.tracker.finish("FAILED")
+            raise
+        self.tracker.finish("FINISHED")
+        return summary
+
+    def _run(self) -> dict[str, Any]:
         self._resume()
+        self._start_tracking()
         started = time.time() - self.elapsed
+        bar = self._progress_bar()
         while self.step < self.cfg.steps:
             self.ledger.step = self.step
             self._enter(schedule.phase_at(self.step, self.cfg))
@@ -128,6 +140,8 @@ class Trainer:
                 self._evaluate()
             self._train_step()
             self.step += 1
+            bar.set_postfix_str(self._status, refresh=False)
+            bar.update(1)
             self.pending_eval |= self.step % self.cfg.eval_every == 0
             self.elapsed = time.time() - started
             if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
@@ -138,6 +152,7 @@ class Trainer:
             self._evaluate()
             self.elapsed = time.time() - started
             self._checkpoint()
+        bar.close()
         return self._finish()
 
     def _enter(self, phase: Phase) -> None:
@@ -176,7 +191,9 @@ class Trainer:
         for g in self.opt.param_groups:
             g["lr"] = lr
         x, y = (t.to(self.device) for t in self.task.train_batch(self.sampler, self.step))
-        loss = F.cross_entropy(self.ddp(x), y, label_smoothing=cfg.optim.label_smoothing)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            logits = self.ddp(x)
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.optim.label_smoothing)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.optim.max_grad_norm > 0:
@@ -185,20 +202,41 @@ class Trainer:
         self.opt.step()
         entry = dict(step=self.step, loss=loss.item(), lr=lr, phase=self.phase.kind)
         self.train_log.append(entry)
-        every = max(1, cfg.steps // 20)
-        if self.step % every == 0 or self.step == cfg.steps - 1:
-            sent = ledger.totals(self.ledger.rows, 1)["inter_node_bytes"]
-            self._log(
-                f"step {self.step:>6} {self.phase.kind:>8} loss {entry['loss']:.4f} "
-                f"lr {lr:.2e} inter-node sent {sent / 1e6:.2f} MB"
+        top1 = (logits.argmax(1) == y).float().mean().item() * 100
+        self.window.append((entry["loss"], top1))
+        sent = self.ledger.sent
+        if self.step % cfg.tracking.log_every == 0:
+            self.tracker.metrics(
+                self.step,
+                dict(
+                    loss=entry["loss"],
+                    lr=lr,
+                    phase=PHASE_IDS[self.phase.kind],
+                    inter_node_bytes=sent["inter"],
+                    intra_node_bytes=sent["intra"],
+                ),
             )
+        self._status = (
+            f"{self.phase.kind} loss {entry['loss']:.3f} lr {lr:.1e} "
+            f"inter-node {sent['inter'] / 1e6:.1f} MB/rank"
+        )
+        every = max(1, cfg.steps // 20)
+        if not self._tty and (self.step % every == 0 or self.step == cfg.steps - 1):
+            self._log(f"step {self.step:>6} {self._status}")
 
     # ---------------------------------------------------------------- the AB pieces
     def _factorize(self) -> None:
         ranks = sync.factorize(self.layers, self.cfg.ab.sigma_cutoff, self.groups.role, self.ledger)
         ratio = lowrank.compression_ratio(self.model)
         self.factorizations.append(dict(step=self.step, compression_ratio=ratio, ranks=ranks))
-        self._log(f"step {self.step}: factorised, compression {ratio:.2f}:1, ranks {ranks}")
+        self.tracker.metrics(
+            self.step, {"compression_ratio": ratio, **{f"rank/{n}": k for n, k in ranks.items()}}
+        )
+        k = list(ranks.values())
+        self._log(
+            f"step {self.step}: factorised {len(k)} layers, ranks {min(k)}-{max(k)}, "
+            f"compression {ratio:.2f}:1"
+        )
 
     def _adapt_optimizer_state(self) -> None:
         """AdamW's moments across a change of shape: carried (cut or zero-padded) or reset."""
@@ -238,27 +276,40 @@ class Trainer:
     # ---------------------------------------------------------------- evaluation
     @torch.no_grad()
     def _evaluate(self) -> None:
+        """Loss, top-1 and top-5 of the one merged model, each rank on its shard."""
         self.ledger.phase, phase = "eval", self.ledger.phase
         self.model.eval()
-        x, y = self.task.val_shard(self.rank, self.world)
-        x, y = x.to(self.device), y.to(self.device)
-        logits = self.model(x).float()
-        top1 = (logits.argmax(1) == y).sum()
-        loss = F.cross_entropy(logits, y, reduction="sum")
-        sums = torch.stack(
-            [loss.double(), top1.double(), torch.tensor(len(y)).double().to(loss.device)]
-        )
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, top1, top5, n
+        for x, y in self.task.val_batches(self.rank, self.world, 4 * self.cfg.batch_size):
+            x, y = x.to(self.device), y.to(self.device)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+                logits = self.model(x).float()
+            top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+            sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
+            sums[1] += (top5[:, 0] == y).sum()
+            sums[2] += (top5 == y[:, None]).any(1).sum()
+            sums[3] += len(y)
         self.ledger.all_reduce(sums)
         self.model.train()
         self.ledger.phase = phase
-        n = sums[2].item()
+        loss, top1, top5, n = sums.tolist()
         result = dict(
-            step=self.step, val_loss=sums[0].item() / n, val_top1=100 * sums[1].item() / n
+            step=self.step, val_loss=loss / n, val_top1=100 * top1 / n, val_top5=100 * top5 / n
         )
+        if self.window:
+            result["train_loss"] = sum(w[0] for w in self.window) / len(self.window)
+            result["train_top1"] = sum(w[1] for w in self.window) / len(self.window)
+        self.window = []
+        last = self.factorizations[-1]["compression_ratio"] if self.factorizations else 1.0
         self.evals.append(result)
+        self.tracker.metrics(
+            self.step, {**result, "compression_ratio": last, "epoch": len(self.evals)}
+        )
+        self.tracker.flush()
         self.pending_eval = False
         self._log(
-            f"step {self.step}: val loss {result['val_loss']:.4f} top1 {result['val_top1']:.2f}%"
+            f"step {self.step}: val loss {result['val_loss']:.4f} "
+            f"top1 {result['val_top1']:.2f}% top5 {result['val_top5']:.2f}%"
         )
 
     # ---------------------------------------------------------------- checkpoints
@@ -281,6 +332,8 @@ class Trainer:
             evals=self.evals,
             factorizations=self.factorizations,
             elapsed=self.elapsed,
+            window=self.window,
+            run_id=self.tracker.run_id or "",
         )
         if self.device.type == "cuda":
             state["rng"]["cuda"] = torch.cuda.get_rng_state(self.device)
@@ -333,6 +386,7 @@ class Trainer:
         self.step, self.pending_eval = state["step"], state["pending_eval"]
         self.train_log, self.evals = state["train_log"], state["evals"]
         self.factorizations, self.elapsed = state["factorizations"], state["elapsed"]
+        self.window, self._resumed_run_id = state["window"], state["run_id"] or None
         self.fresh = False
         self._log(f"resumed from step {step} ({self.phase.kind} phase)")
 
@@ -359,6 +413,9 @@ class Trainer:
             ledger.write(self.out / "ledger.jsonl", rows)
             summary = self._summary(rows)
             checkpoint.atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2))
+            checkpoint.atomic_save(self.model.state_dict(), self.out / "model.pt")
+            names = ["summary.json", "ledger.jsonl", "config.json", "model.pt"]
+            self.tracker.artifacts([self.out / n for n in names])
         return summary
 
     def _summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -381,7 +438,44 @@ class Trainer:
             evals=self.evals,
         )
 
+    # ---------------------------------------------------------------- tracking
+    def _open_tracking(self) -> Tracker:
+        """Rank 0 opens the store; every rank learns whether it could, so all stop alike."""
+        tracker, error = Tracker(self.cfg, active=False), ""
+        if self.rank == 0 and self.cfg.tracking.enabled:
+            try:
+                tracker = Tracker(self.cfg, active=True)
+            except TrackingError as err:
+                error = str(err)
+        ok = torch.tensor([0 if error else 1], device=self.device)
+        self.ledger.broadcast(ok, src=0)
+        if not ok.item():
+            raise TrackingError(error or "rank 0 could not reach the tracking store")
+        return tracker
+
+    def _start_tracking(self) -> None:
+        tags = dict(
+            method=self.cfg.method,
+            model=self.cfg.model.name,
+            dataset=self.cfg.data.name,
+            world_size=self.world,
+            nodes=len(set(self.ledger.nodes)),
+            git_commit=git_commit(),
+            out_dir=str(self.out.resolve()),
+        )
+        name = f"{self.cfg.method}-{self.cfg.model.name}-{self.cfg.data.name}-{self.world}r"
+        self.tracker.start(self.cfg, tags, getattr(self, "_resumed_run_id", None), name)
+
     # ---------------------------------------------------------------- helpers
+    @property
+    def _tty(self) -> bool:
+        return self.rank == 0 and sys.stderr.isatty()
+
+    def _progress_bar(self):
+        from tqdm import tqdm
+
+        return tqdm(total=self.cfg.steps, initial=self.step, disable=not self._tty, unit="step")
+
     def _log(self, msg: str) -> None:
         if self.rank == 0:
             print(f"[abtrain] {msg}", flush=True)

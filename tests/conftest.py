@@ -15,17 +15,14 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
 
-# A run small enough for CI: 40 steps of a 3-layer MLP, every phase visited.
+# A run small enough for CI: 40 steps of a 3-layer MLP on generated data, every phase visited.
 TINY = [
     "steps=40",
     "batch_size=16",
     "eval_every=10",
     "checkpoint_every=10",
-    "model.width=64",
-    "model.depth=3",
-    "model.init=default",
-    "data.train_samples=2000",
-    "data.val_samples=400",
+    "model={name: mlp, width: 64, depth: 3, init: default}",
+    "data={name: synthetic, features: 64, classes: 10, train_samples: 2000, val_samples: 400}",
     "optim.lr_warmup_steps=4",
     "ab.warmup_steps=8",
     "ab.ab_steps=8",
@@ -33,6 +30,7 @@ TINY = [
     "ab.lr_rebound_steps=4",
     "powersgd.start_iter=5",
     "powersgd.rank=2",
+    "tracking.enabled=false",
 ]
 
 

@@ -55,11 +55,12 @@ def powersgd_payload(cfg, model):
 
 def expected_inter_node_bytes(method, s):
     cfg = tiny_config(f"method={method}")
-    model = models.build(cfg)
+    model = models.build(cfg, cfg.data.classes, cfg.data.features)
     full = 4 * sum(p.numel() for p in model.parameters())
     inter = 2 * 3 * 8 / 4  # the node map: all-gather of one int64
+    inter += broadcast_inter(8)  # rank 0 tells all whether tracking could start
     inter += broadcast_inter(full)  # DDP's first wrap: rank 0's state to all
-    inter += len(s["evals"]) * allreduce_inter(3 * 8)  # loss, correct, count as float64
+    inter += len(s["evals"]) * allreduce_inter(4 * 8)  # loss, top-1, top-5, count (float64)
     steps = Counter(schedule.phase_at(t, cfg).kind for t in range(cfg.steps))
     if method == "ddp":
         return inter + cfg.steps * allreduce_inter(full)
