@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import random
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +34,10 @@ from abtrain.schedule import PHASE_IDS, Phase
 from abtrain.tracking import Tracker, TrackingError, git_commit
 
 DONE = Phase("done")
+
+
+class TrainingDiverged(RuntimeError):
+    """The merged model's validation loss is not finite."""
 
 
 @dataclass(frozen=True)
@@ -120,15 +126,27 @@ class Trainer:
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> dict[str, Any]:
-        try:
-            summary = self._run()
-        except BaseException:
-            self.tracker.finish("FAILED")
-            raise
-        self.tracker.finish("FINISHED")
-        return summary
+        """Train to the end; returns the summary (on rank 0, {} elsewhere)."""
+        for _ in self.evaluations():
+            pass
+        return self.summary
 
-    def _run(self) -> dict[str, Any]:
+    def evaluations(self) -> Iterator[dict[str, Any]]:
+        """Train, yielding each evaluation (the same on every rank) as it is made.
+
+        A consumer that stops early (a search pruning this run) leaves it unfinished.
+        """
+        status = "FAILED"
+        try:
+            yield from self._loop()
+            status = "FINISHED"
+        except GeneratorExit:
+            status = "KILLED"
+            raise
+        finally:
+            self.tracker.finish(status)
+
+    def _loop(self) -> Iterator[dict[str, Any]]:
         self._resume()
         self._start_tracking()
         started = time.time() - self.elapsed
@@ -137,7 +155,7 @@ class Trainer:
             self.ledger.step = self.step
             self._enter(schedule.phase_at(self.step, self.cfg))
             if self.pending_eval and not self.phase.low_rank:
-                self._evaluate()
+                yield self._evaluate()
             self._train_step()
             self.step += 1
             bar.set_postfix_str(self._status, refresh=False)
@@ -149,11 +167,11 @@ class Trainer:
                     self._checkpoint()
         if self.phase != DONE:
             self._enter(DONE)  # a run never ends with divergent replicas
-            self._evaluate()
+            yield self._evaluate()
             self.elapsed = time.time() - started
             self._checkpoint()
         bar.close()
-        return self._finish()
+        self.summary = self._finish()
 
     def _enter(self, phase: Phase) -> None:
         """Move the model into `phase`'s representation; re-wrap DDP where needed."""
@@ -275,7 +293,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- evaluation
     @torch.no_grad()
-    def _evaluate(self) -> None:
+    def _evaluate(self) -> dict[str, Any]:
         """Loss, top-1 and top-5 of the one merged model, each rank on its shard."""
         self.ledger.phase, phase = "eval", self.ledger.phase
         self.model.eval()
@@ -311,6 +329,9 @@ class Trainer:
             f"step {self.step}: val loss {result['val_loss']:.4f} "
             f"top1 {result['val_top1']:.2f}% top5 {result['val_top5']:.2f}%"
         )
+        if not math.isfinite(result["val_loss"]):  # all-reduced: every rank stops together
+            raise TrainingDiverged(f"validation loss is {result['val_loss']} at step {self.step}")
+        return result
 
     # ---------------------------------------------------------------- checkpoints
     @property
@@ -414,7 +435,11 @@ class Trainer:
             summary = self._summary(rows)
             checkpoint.atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2))
             checkpoint.atomic_save(self.model.state_dict(), self.out / "model.pt")
-            names = ["summary.json", "ledger.jsonl", "config.json", "model.pt"]
+            lines = ["step,loss,lr,phase"] + [
+                f"{e['step']},{e['loss']:.6g},{e['lr']:.6g},{e['phase']}" for e in self.train_log
+            ]
+            checkpoint.atomic_write_text(self.out / "train_log.csv", "\n".join(lines) + "\n")
+            names = ["summary.json", "ledger.jsonl", "config.json", "model.pt", "train_log.csv"]
             self.tracker.artifacts([self.out / n for n in names])
         return summary
 

@@ -1,0 +1,1 @@
+"""Hyperparameter search over abtrain runs: Propulate under mpirun, and Optuna."""

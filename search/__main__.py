@@ -1,0 +1,5 @@
+import sys
+
+from search.driver import main
+
+sys.exit(main())

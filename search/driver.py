@@ -1,0 +1,191 @@
+"""`python -m search`: validate, open the search folder, run a backend, write the best.
+
+Launch with `mpirun -n N python -m mpi4py -m search ...` (mpi4py then aborts the job when
+one rank raises, instead of leaving the others blocked), or plainly for one rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from abtrain import config as abconfig
+from search import objective, record, space
+
+
+class Context:
+    """What every evaluation needs, whichever backend asked for it."""
+
+    def __init__(
+        self,
+        raw: dict[str, Any],
+        scfg: space.SearchConfig,
+        out: Path,
+        world: Any,
+        started: float,
+        parent: str,
+        tracking: record.Tracking,
+    ) -> None:
+        self.train_raw, self.scfg, self.out, self.world = raw["train"], scfg, out, world
+        self.started, self.parent, self.tracking = started, parent, tracking
+        self.steps = abconfig.from_dict(self.train_raw, scfg.train).steps
+
+    def evaluate(
+        self, hp: dict[str, Any], tag: str, tags: dict[str, Any], comm: Any, stop=None
+    ) -> objective.Outcome:
+        """Train one individual on `comm`'s ranks and record it (on the worker's root)."""
+        sets = space.overrides(hp, self.scfg.space, self.steps)
+        run_overrides = [*self.scfg.train, *sets, "tracking.enabled=false"]
+        root = comm.rank == 0
+        child = self.tracking.child(self.parent, tag, tags, hp) if root else ""
+        t0 = time.time() - self.started
+        outcome = objective.evaluate(
+            self.train_raw,
+            run_overrides,
+            comm,
+            self.out / "individuals" / tag,
+            self.scfg.penalty,
+            stop or self.median_rule,
+        )
+        if root:
+            row = dict(
+                backend=self.scfg.backend,
+                id=tag,
+                **tags,
+                params=hp,
+                overrides=sets,
+                error=outcome.error,
+                status=outcome.status,
+                errors=outcome.errors,
+                message=outcome.message[:500],
+                t_start=t0,
+                t_end=time.time() - self.started,
+            )
+            record.append_evaluation(self.out, row)
+            self.tracking.finish_child(child, outcome)
+            print(f"[search] {tag}: {outcome.status} error {outcome.error:.2f}", flush=True)
+        return outcome
+
+    def median_rule(self, i: int, error: float) -> bool:
+        """Prune when worse than the median of finished runs at the same evaluation."""
+        if i + 1 < self.scfg.prune_after_evals or self.scfg.prune_after_evals == 0:
+            return False
+        seen = [
+            r["errors"][i]
+            for r in record.evaluations(self.out)
+            if r["status"] == "ok" and len(r["errors"]) > i
+        ]
+        return len(seen) >= max(1, self.scfg.startup_trials) and error > statistics.median(seen)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m search")
+    p.add_argument("--config", default="params.yaml", help="params.yaml: sections train, search")
+    p.add_argument("--backend", choices=["propulate", "optuna"], help="overrides search.backend")
+    p.add_argument("--out", required=True, help="this search's folder")
+    p.add_argument("--resume", action="store_true", help="continue the search in --out")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="e.g. search.evaluations=8 or train.steps=100",
+    )
+    return p.parse_args(argv)
+
+
+def validate(args: argparse.Namespace, world_size: int) -> tuple[dict, space.SearchConfig]:
+    """Everything that can be wrong with the settings, before any rank trains."""
+    path = Path(args.config)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise space.SpaceError(f"{path}: {err}") from None
+    if not isinstance(raw, dict) or not {"train", "search"} <= set(raw):
+        raise space.SpaceError(f"{path}: needs sections `train` and `search`")
+    raw = abconfig.apply_overrides(copy.deepcopy(raw), args.overrides)
+    if args.backend:
+        raw["search"]["backend"] = args.backend
+    scfg = space.load(raw["search"])
+    try:
+        abconfig.from_dict(raw["train"], scfg.train)
+    except abconfig.ConfigError as err:
+        raise space.SpaceError(f"search.train: {err}") from None
+    space.check_keys(scfg.space, abconfig.apply_overrides(copy.deepcopy(raw["train"]), scfg.train))
+    if world_size % scfg.ranks_per_worker:
+        raise space.SpaceError(
+            f"search.ranks_per_worker={scfg.ranks_per_worker} does not divide the {world_size} ranks"
+        )
+    workers = world_size // scfg.ranks_per_worker
+    if scfg.backend == "propulate" and scfg.islands > workers:
+        raise space.SpaceError(f"search.islands={scfg.islands} exceeds the {workers} workers")
+    return raw, scfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    args = parse(argv)
+    out = Path(args.out)
+    error, raw, scfg, state = None, None, None, None
+    try:
+        raw, scfg = validate(args, world.size)
+    except (space.SpaceError, abconfig.ConfigError) as err:
+        error = str(err)
+    if error is None and world.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        identity = dict(
+            backend=scfg.backend,
+            world_size=world.size,
+            ranks_per_worker=scfg.ranks_per_worker,
+            search=scfg.model_dump(mode="json", exclude={"evaluations"}),
+            train=raw["train"],
+        )
+        try:
+            state = record.open_search(out, identity, args.resume)
+        except record.SearchError as err:
+            error = str(err)
+    error = world.bcast(error, root=0)
+    if error:
+        if world.rank == 0:
+            print(f"error: {error}", file=sys.stderr)
+        return 2
+    objective.local_threads(world)
+    t = abconfig.from_dict(raw["train"], scfg.train).tracking
+    worker_root = world.rank % scfg.ranks_per_worker == 0  # the only ranks that log
+    tracking = record.Tracking(t.uri, t.experiment, t.enabled and world.rank == 0)
+    world.Barrier()  # rank 0 has created the store: no concurrent schema migrations
+    if world.rank != 0:
+        tracking = record.Tracking(t.uri, t.experiment, t.enabled and worker_root)
+    if world.rank == 0:
+        state["parent"] = tracking.parent(
+            f"search-{scfg.backend}", scfg.model_dump(mode="json"), state.get("parent")
+        )
+        record.atomic_write_text(out / "search.json", record.json.dumps(state, indent=2))
+    state = world.bcast(state, root=0)
+    ctx = Context(
+        raw, scfg, out, world, state["started"], state["parent"], tracking if True else None
+    )
+    if scfg.backend == "propulate":
+        from search.propulate_backend import run
+    else:
+        from search.optuna_backend import run
+    run(ctx)
+    world.Barrier()
+    if world.rank == 0:
+        best = record.write_best(out)
+        tracking.finish_parent(state["parent"], best)
+        print(
+            f"[search] best error {best['error']:.2f} (median {best['median_error']:.2f}) "
+            f"after {best['evaluations']} evaluations: {' '.join(best['overrides'])}"
+        )
+    return 0

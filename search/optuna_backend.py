@@ -1,0 +1,76 @@
+"""Optuna: TPE sampling and median pruning on the per-evaluation errors, the study in a
+journal file so several workers share it and a killed search resumes.
+
+Each worker (ranks_per_worker ranks, as for Propulate) asks the study for a trial, trains
+it on its ranks, and tells the result; a file lock keeps the total at the budget.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from contextlib import contextmanager
+
+from search import space
+from search.driver import Context
+
+
+@contextmanager
+def _locked(path):
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def run(ctx: Context) -> None:
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.trial import TrialState
+
+    s, world = ctx.scfg, ctx.world
+    comm = world.Split(color=world.rank // s.ranks_per_worker, key=world.rank)
+    worker = world.rank // s.ranks_per_worker
+    study = None
+    if comm.rank == 0:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(
+            study_name="search",
+            storage=JournalStorage(JournalFileBackend(str(ctx.out / "optuna.journal"))),
+            sampler=optuna.samplers.TPESampler(seed=s.seed * 1009 + worker),
+            pruner=optuna.pruners.MedianPruner(
+                n_startup_trials=s.startup_trials, n_warmup_steps=max(0, s.prune_after_evals - 1)
+            ),
+            direction="minimize",
+            load_if_exists=True,
+        )
+    if world.rank == 0:  # trials cut off by a kill: failed, not part of the budget
+        for t in study.get_trials(deepcopy=False, states=[TrialState.RUNNING]):
+            study.tell(t.number, state=TrialState.FAIL)
+    world.Barrier()
+    counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    while True:
+        trial, hp = None, None
+        if comm.rank == 0:
+            with _locked(ctx.out / "optuna.lock"):
+                if len(study.get_trials(deepcopy=False, states=counted)) < s.evaluations:
+                    trial = study.ask()
+                    hp = space.suggest(trial, s.space)
+        hp = comm.bcast(hp, root=0)
+        if hp is None:
+            break
+        number = comm.bcast(trial.number if trial else None, root=0)
+
+        def stop(i: int, error: float, trial=trial) -> bool:
+            trial.report(error, i)
+            return trial.should_prune()
+
+        outcome = ctx.evaluate(hp, f"t{number}", dict(trial=number, worker=worker), comm, stop)
+        if comm.rank == 0:
+            trial.set_user_attr("status", outcome.status)
+            if outcome.status == "pruned":
+                study.tell(trial, state=TrialState.PRUNED)
+            else:
+                study.tell(trial, outcome.error)

@@ -1,0 +1,199 @@
+"""The backend-neutral search space and the `search` section of params.yaml.
+
+A space maps config keys (dotted, as for `--set`) to a parameter:
+  {kind: float, low, high, log}    a float, optionally searched on a log scale
+  {kind: int, low, high}           an integer, both ends included
+  {kind: choice, values: [...]}    one of a list
+  {kind: fraction, low, high}      a step count searched as a fraction of `steps`
+                                    (schedule knobs, so a result transfers to a longer run)
+Propulate gets what it handles well: log10 for log floats, integer indices for choices
+(its string genes are corrupted by crossover in 1.2.2), exactly two integer bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from abtrain import config as abconfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class FloatParam(_Section):
+    kind: Literal["float"]
+    low: float
+    high: float
+    log: bool
+
+    @model_validator(mode="after")
+    def _bounds(self) -> FloatParam:
+        if not self.low < self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        if self.log and self.low <= 0:
+            raise ValueError("a log-scale range must be positive")
+        return self
+
+
+class IntParam(_Section):
+    kind: Literal["int"]
+    low: int
+    high: int
+
+    @model_validator(mode="after")
+    def _bounds(self) -> IntParam:
+        if not self.low < self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        return self
+
+
+class ChoiceParam(_Section):
+    kind: Literal["choice"]
+    values: list[Any] = Field(min_length=1)
+
+
+class FractionParam(_Section):
+    kind: Literal["fraction"]
+    low: float = Field(ge=0, le=1)
+    high: float = Field(ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> FractionParam:
+        if not self.low < self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        return self
+
+
+Param = Annotated[FloatParam | IntParam | ChoiceParam | FractionParam, Field(discriminator="kind")]
+
+
+class SearchConfig(_Section):
+    backend: Literal["propulate", "optuna"]
+    ranks: int = Field(ge=1)  # MPI ranks the pipeline's search stage starts
+    use_best: bool  # the pipeline's train stage starts from the best configuration found
+    ranks_per_worker: int = Field(ge=1)
+    evaluations: int = Field(ge=1)  # the budget: individuals or trials, all workers together
+    seed: int
+    penalty: float  # the error recorded for a crashed, diverged or invalid individual
+    islands: int = Field(ge=1)  # propulate
+    migration_probability: float = Field(ge=0, le=1)  # propulate
+    pollination: bool  # propulate
+    startup_trials: int = Field(ge=0)  # optuna: trials before the median pruner acts
+    prune_after_evals: int = Field(ge=0)  # evaluations of a run before it may be pruned
+    train: list[str]  # overrides of the `train` section for every search run
+    space: dict[str, Param] = Field(min_length=1)
+
+
+class SpaceError(ValueError):
+    """A bad search space; the message names the key."""
+
+
+def load(raw: dict[str, Any], overrides: list[str] = ()) -> SearchConfig:
+    """Validate the `search` section, and check every key against the training config."""
+    import copy
+
+    raw = abconfig.apply_overrides(copy.deepcopy(raw), list(overrides))
+    try:
+        cfg = SearchConfig.model_validate(raw)
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            loc = [str(p) for p in e["loc"] if p not in ("float", "int", "choice", "fraction")]
+            lines.append(f"  search.{'.'.join(loc)}: {e['msg']}")
+        raise SpaceError("invalid search config:\n" + "\n".join(lines)) from None
+    return cfg
+
+
+def check_keys(space: dict[str, Any], train_raw: dict[str, Any]) -> None:
+    """Every key must name a value of the training config, and every value must fit it."""
+    for key, param in space.items():
+        node = train_raw
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise SpaceError(f"search.space.{key}: not a key of the training config")
+            node = node[part]
+        for value in _extremes(param):
+            try:
+                abconfig.from_dict(train_raw, [f"{key}={_yaml(value, param, train_raw)}"])
+            except abconfig.ConfigError as err:
+                raise SpaceError(f"search.space.{key}: value {value!r} is invalid: {err}") from None
+
+
+def _extremes(param) -> list[Any]:
+    if param.kind == "choice":
+        return list(param.values)
+    return [param.low, param.high]
+
+
+def _yaml(value: Any, param, train_raw: dict[str, Any]) -> str:
+    import json
+
+    if param.kind == "fraction":
+        value = to_steps(value, train_raw["steps"])
+    return json.dumps(value)
+
+
+def to_steps(fraction: float, steps: int) -> int:
+    return max(1, round(fraction * steps))
+
+
+def overrides(hp: dict[str, Any], space: dict[str, Any], steps: int) -> list[str]:
+    """The `--set` overrides that turn a sampled point into a training config."""
+    import json
+
+    out = []
+    for key, value in hp.items():
+        if space[key].kind == "fraction":
+            value = to_steps(value, steps)
+        out.append(f"{key}={json.dumps(value)}")
+    return out
+
+
+# ---------------------------------------------------------------- propulate
+def propulate_limits(space: dict[str, Any]) -> dict[str, tuple]:
+    limits = {}
+    for i, p in enumerate(space.values()):
+        name = f"p{i}"  # plain gene names; from_propulate maps them back to config keys
+        if p.kind == "float":
+            limits[name] = (math.log10(p.low), math.log10(p.high)) if p.log else (p.low, p.high)
+        elif p.kind == "fraction":
+            limits[name] = (float(p.low), float(p.high))
+        elif p.kind == "int":
+            limits[name] = (int(p.low), int(p.high))
+        else:
+            limits[name] = (0, len(p.values) - 1)
+    return limits
+
+
+def from_propulate(ind: Any, space: dict[str, Any]) -> dict[str, Any]:
+    hp = {}
+    for i, (key, p) in enumerate(space.items()):
+        v = ind[f"p{i}"]
+        if p.kind == "float":
+            hp[key] = float(10**v) if p.log else float(v)
+        elif p.kind == "fraction":
+            hp[key] = float(v)
+        elif p.kind == "int":
+            hp[key] = int(v)
+        else:
+            hp[key] = p.values[int(v)]
+    return hp
+
+
+# ---------------------------------------------------------------- optuna
+def suggest(trial: Any, space: dict[str, Any]) -> dict[str, Any]:
+    hp = {}
+    for key, p in space.items():
+        if p.kind == "float":
+            hp[key] = trial.suggest_float(key, p.low, p.high, log=p.log)
+        elif p.kind == "fraction":
+            hp[key] = trial.suggest_float(key, p.low, p.high)
+        elif p.kind == "int":
+            hp[key] = trial.suggest_int(key, p.low, p.high)
+        else:
+            hp[key] = trial.suggest_categorical(key, p.values)
+    return hp
