@@ -55,10 +55,14 @@ def main(argv: list[str] | None = None) -> int:
 def _train(cfg, out: str, launch) -> int:
     import torch.distributed as dist
 
-    from abtrain.trainer import Trainer
+    from abtrain.trainer import StopForRequeue, Trainer
 
     try:
         summary = Trainer(cfg, out, launch).run()
+    except StopForRequeue as err:
+        if launch.rank == 0:
+            print(f"[abtrain] {err}", flush=True)
+        return 0  # not a failure: DIR/REQUEUE tells the batch script to requeue the job
     except Exception as err:
         # Name this rank: with several ranks failing together, the first line tells which
         # one saw what (a peer that died shows up as a closed connection or a timeout).

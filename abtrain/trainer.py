@@ -14,7 +14,9 @@ import json
 import math
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -38,6 +40,11 @@ DONE = Phase("done")
 
 class TrainingDiverged(RuntimeError):
     """The merged model's validation loss is not finite."""
+
+
+class StopForRequeue(RuntimeError):
+    """Asked to stop (SIGUSR1, or the ABTRAIN_DEADLINE a batch job sets before its time
+    limit); the run checkpointed and wrote DIR/REQUEUE, and resumes when started again."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,9 @@ class Trainer:
             weight_decay=cfg.optim.weight_decay,
         )
         torch.manual_seed(cfg.seed * 1000 + self.rank)  # per-rank stream for dropout etc.
+        self._signalled = False
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, self._on_stop_signal)
 
         self.ddp: DistributedDataParallel | None = None
         self.phase: Phase | None = None  # the representation the model is in now
@@ -140,7 +150,7 @@ class Trainer:
         try:
             yield from self._loop()
             status = "FINISHED"
-        except GeneratorExit:
+        except (GeneratorExit, StopForRequeue):
             status = "KILLED"
             raise
         finally:
@@ -340,7 +350,9 @@ class Trainer:
 
     def _checkpoint(self) -> None:
         self.ledger.phase, phase = "checkpoint", self.ledger.phase
-        self.ledger.record("barrier", 0, None)  # before the snapshot, so a resume has it too
+        # One all-reduce tells that every rank has saved, and whether any must stop now;
+        # it is recorded before the snapshot, so a resumed run's ledger has it too.
+        self.ledger.record("all_reduce", 8, None)
         state = dict(
             step=self.step,
             phase=asdict(self.phase),
@@ -359,9 +371,14 @@ class Trainer:
         if self.device.type == "cuda":
             state["rng"]["cuda"] = torch.cuda.get_rng_state(self.device)
         checkpoint.save_rank(self.ckpt_root, self.step, self.rank, state)
-        dist.barrier()
+        stop = torch.tensor([int(self._stop_requested())], device=self.device)
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if self.rank == 0:
             checkpoint.publish(self.ckpt_root, self.step, self.cfg.keep_checkpoints)
+        if stop.item() and self.step < self.cfg.steps:
+            if self.rank == 0:
+                checkpoint.atomic_write_text(self.out / "REQUEUE", f"{self.step}\n")
+            raise StopForRequeue(f"stopped at the checkpoint of step {self.step} to be requeued")
         self.ledger.phase = phase
         if self.method.rewrap_at_checkpoint:
             self.ddp = None
@@ -504,6 +521,13 @@ class Trainer:
     def _log(self, msg: str) -> None:
         if self.rank == 0:
             print(f"[abtrain] {msg}", flush=True)
+
+    def _on_stop_signal(self, *_: object) -> None:
+        self._signalled = True  # acted on at the next checkpoint, by all ranks together
+
+    def _stop_requested(self) -> bool:
+        deadline = os.environ.get("ABTRAIN_DEADLINE", "")
+        return self._signalled or (deadline.isdigit() and time.time() > int(deadline))
 
     def _fail_if_asked(self) -> None:
         """Fault injection for tests: ABTRAIN_FAIL_AT=rank:step kills that rank there."""

@@ -22,8 +22,13 @@ def curves(out: Path) -> dict[str, Any]:
             best = min(best, r["error"])
         by_eval.append(dict(evaluation=i + 1, seconds=r["t_end"], best_error=best))
     backend = rows[0]["backend"] if rows else "?"
-    return dict(backend=backend, folder=str(out), evaluations=len(rows), curve=by_eval,
-                best_error=best if rows else None)
+    return dict(
+        backend=backend,
+        folder=str(out),
+        evaluations=len(rows),
+        curve=by_eval,
+        best_error=best if rows else None,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

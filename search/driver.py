@@ -35,7 +35,7 @@ class Context:
     ) -> None:
         self.train_raw, self.scfg, self.out, self.world = raw["train"], scfg, out, world
         self.started, self.parent, self.tracking = started, parent, tracking
-        self.steps = abconfig.from_dict(self.train_raw, scfg.train).steps
+        self.steps = search_base(raw, scfg).steps
 
     def evaluate(
         self, hp: dict[str, Any], tag: str, tags: dict[str, Any], comm: Any, stop=None
@@ -85,6 +85,13 @@ class Context:
         return len(seen) >= max(1, self.scfg.startup_trials) and error > statistics.median(seen)
 
 
+def search_base(raw: dict[str, Any], scfg: space.SearchConfig) -> abconfig.Config:
+    """The config of the search's runs at the space's low corner (validated already)."""
+    steps = abconfig.apply_overrides(copy.deepcopy(raw["train"]), scfg.train)["steps"]
+    low = space.overrides(space.corner(scfg.space), scfg.space, steps)
+    return abconfig.from_dict(raw["train"], [*scfg.train, *low])
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m search")
     p.add_argument("--config", default="params.yaml", help="params.yaml: sections train, search")
@@ -115,11 +122,14 @@ def validate(args: argparse.Namespace, world_size: int) -> tuple[dict, space.Sea
     if args.backend:
         raw["search"]["backend"] = args.backend
     scfg = space.load(raw["search"])
-    try:
-        abconfig.from_dict(raw["train"], scfg.train)
+    base = abconfig.apply_overrides(copy.deepcopy(raw["train"]), scfg.train)
+    space.check_exists(scfg.space, base)
+    low = space.overrides(space.corner(scfg.space), scfg.space, base["steps"])
+    try:  # the search's runs: `train`, `search.train`, and a point of the space
+        abconfig.from_dict(base, low)
     except abconfig.ConfigError as err:
-        raise space.SpaceError(f"search.train: {err}") from None
-    space.check_keys(scfg.space, abconfig.apply_overrides(copy.deepcopy(raw["train"]), scfg.train))
+        raise space.SpaceError(f"search.train with the space's low corner: {err}") from None
+    space.check_keys(scfg.space, abconfig.apply_overrides(base, low))
     if world_size % scfg.ranks_per_worker:
         raise space.SpaceError(
             f"search.ranks_per_worker={scfg.ranks_per_worker} does not divide the {world_size} ranks"
@@ -160,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
         return 2
     objective.local_threads(world)
-    t = abconfig.from_dict(raw["train"], scfg.train).tracking
+    t = search_base(raw, scfg).tracking
     worker_root = world.rank % scfg.ranks_per_worker == 0  # the only ranks that log
     tracking = record.Tracking(t.uri, t.experiment, t.enabled and world.rank == 0)
     world.Barrier()  # rank 0 has created the store: no concurrent schema migrations

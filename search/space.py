@@ -108,19 +108,30 @@ def load(raw: dict[str, Any], overrides: list[str] = ()) -> SearchConfig:
     return cfg
 
 
-def check_keys(space: dict[str, Any], train_raw: dict[str, Any]) -> None:
-    """Every key must name a value of the training config, and every value must fit it."""
-    for key, param in space.items():
+def check_exists(space: dict[str, Any], train_raw: dict[str, Any]) -> None:
+    """Every key must name a value of the training config."""
+    for key in space:
         node = train_raw
         for part in key.split("."):
             if not isinstance(node, dict) or part not in node:
                 raise SpaceError(f"search.space.{key}: not a key of the training config")
             node = node[part]
+
+
+def check_keys(space: dict[str, Any], train_raw: dict[str, Any]) -> None:
+    """Every key must name a value of the training config, and every value must fit it."""
+    check_exists(space, train_raw)
+    for key, param in space.items():
         for value in _extremes(param):
             try:
                 abconfig.from_dict(train_raw, [f"{key}={_yaml(value, param, train_raw)}"])
             except abconfig.ConfigError as err:
                 raise SpaceError(f"search.space.{key}: value {value!r} is invalid: {err}") from None
+
+
+def corner(space: dict[str, Any]) -> dict[str, Any]:
+    """The point of the space at every parameter's low end (first choice)."""
+    return {k: p.values[0] if p.kind == "choice" else p.low for k, p in space.items()}
 
 
 def _extremes(param) -> list[Any]:

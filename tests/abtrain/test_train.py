@@ -61,6 +61,8 @@ def expected_inter_node_bytes(method, s):
     inter += broadcast_inter(8)  # rank 0 tells all whether tracking could start
     inter += broadcast_inter(full)  # DDP's first wrap: rank 0's state to all
     inter += len(s["evals"]) * allreduce_inter(4 * 8)  # loss, top-1, top-5, count (float64)
+    every = cfg.checkpoint_every  # each checkpoint: one int64 all-reduce (saved? stop?)
+    inter += (len(range(every, cfg.steps, every)) + 1) * allreduce_inter(8)
     steps = Counter(schedule.phase_at(t, cfg).kind for t in range(cfg.steps))
     if method == "ddp":
         return inter + cfg.steps * allreduce_inter(full)

@@ -1,0 +1,1 @@
+"""The reproduction pipeline's stages: thin scripts over abtrain and search, run by DVC."""

@@ -1,0 +1,157 @@
+"""The SLURM launcher: batch scripts written from params, submitted with `sbatch --wait`.
+
+Training: `srun` starts one torchrun per node; the nodes meet at a c10d rendezvous on the
+allocation's first node, and each torchrun's node rank is the ledger's node id. Search:
+one allocation, `mpirun` inside it starting the MPI search. Every value from params is
+shell-quoted, so a space or `;` in one cannot run a command; secrets have no place here
+(the environment of `experiments.slurm.env` is written into the script as it is).
+
+Resume on requeue: jobs are submitted with `--requeue`, so a preempted job runs again and
+resumes from its last checkpoint. Before the time limit (`stop_before_s`), the trainer
+checkpoints at its next checkpoint step and writes DIR/REQUEUE; the script then requeues
+the job, which resumes there.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from abtrain.checkpoint import atomic_write_text
+
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+q = shlex.quote
+
+
+def _header(
+    slurm: dict[str, Any], job_name: str, nodes: int, tasks_per_node: int, log: Path
+) -> list[str]:
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={q(job_name)}",
+        f"#SBATCH --nodes={int(nodes)}",
+        f"#SBATCH --ntasks-per-node={int(tasks_per_node)}",
+        f"#SBATCH --cpus-per-task={int(slurm['cpus_per_task'])}",
+        f"#SBATCH --time={q(str(slurm['time']))}",
+        f"#SBATCH --output={q(str(log))}",
+        "#SBATCH --requeue",
+    ]
+    for key in ("partition", "account"):
+        if slurm.get(key):
+            lines.append(f"#SBATCH --{key}={q(str(slurm[key]))}")
+    if int(slurm.get("gpus_per_node") or 0):
+        lines.append(f"#SBATCH --gres=gpu:{int(slurm['gpus_per_node'])}")
+    lines += ["set -euo pipefail", f"cd {q(str(Path.cwd()))}"]
+    if slurm.get("setup"):
+        lines.append(str(slurm["setup"]))  # the user's own activation line, verbatim
+    for key, value in (slurm.get("env") or {}).items():
+        if not NAME.match(str(key)):
+            raise ValueError(f"experiments.slurm.env: {key!r} is not an environment variable name")
+        lines.append(f"export {key}={q(str(value))}")
+    return lines
+
+
+def train_script(
+    slurm: dict[str, Any],
+    nodes: int,
+    ranks_per_node: int,
+    args: list[str],
+    out: Path,
+    job_name: str,
+) -> str:
+    """One run: `python -m abtrain ARGS` on nodes × ranks_per_node ranks."""
+    lines = _header(slurm, job_name, nodes, 1, out / "slurm-%j.log")
+    margin = int(slurm.get("stop_before_s") or 0)
+    torchrun = " ".join(
+        [
+            "python",
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={int(nodes)}",
+            f"--nproc-per-node={int(ranks_per_node)}",
+            "--rdzv-backend=c10d",
+            '--rdzv-endpoint="$head:$port"',
+            '--rdzv-id="$SLURM_JOB_ID"',
+            "-m",
+            "abtrain",
+            *[q(a) for a in args],
+        ]
+    )
+    lines += [
+        'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'head=$(scontrol show node "$first" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2)',
+        "export port=$((20000 + SLURM_JOB_ID % 20000)) head",
+        'end=$(scontrol show job "$SLURM_JOB_ID" | grep -o "EndTime=[^ ]*" | cut -d= -f2)',
+        f'if end_s=$(date -d "$end" +%s 2>/dev/null); then '
+        f"export ABTRAIN_DEADLINE=$((end_s - {margin})); fi",
+        f"rm -f {q(str(out / 'REQUEUE'))}",
+        f"srun --kill-on-bad-exit=1 bash -c {q(torchrun)}",
+        f'if [ -f {q(str(out / "REQUEUE"))} ]; then scontrol requeue "$SLURM_JOB_ID"; fi',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def search_script(
+    slurm: dict[str, Any],
+    nodes: int,
+    ranks_per_node: int,
+    args: list[str],
+    out: Path,
+    job_name: str,
+) -> str:
+    """The search: one allocation, mpirun with one rank per task inside it."""
+    lines = _header(slurm, job_name, nodes, ranks_per_node, out / "slurm-%j.log")
+    lines += [
+        'mpirun -n "$SLURM_NTASKS" --bind-to none python -m mpi4py -m search '
+        + " ".join(q(a) for a in args),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def submit(script_text: str, out: Path, name: str) -> int:
+    """Submit and wait; a failed job names its id and shows the end of its log."""
+    out.mkdir(parents=True, exist_ok=True)
+    script = out / "job.sbatch"
+    atomic_write_text(script, script_text)
+    proc = subprocess.run(
+        ["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True
+    )
+    job = proc.stdout.strip().split(";")[0] or "?"
+    if proc.returncode:
+        logs = sorted(out.glob(f"slurm-{job}.log")) or sorted(out.glob("slurm-*.log"))
+        lines = logs[-1].read_text().splitlines() if logs else []
+        hits = [i for i, line in enumerate(lines) if line.startswith(("error:", "[abtrain]"))]
+        first = [line for i in hits[:3] for line in lines[i : i + 3]]  # what the ranks said
+        print(
+            f"error: SLURM job {job} ({name}) failed with exit code {proc.returncode}. "
+            f"{proc.stderr.strip()}\n--- its log {logs[-1] if logs else '(none)'}: first "
+            "errors ---\n" + "\n".join(first) + "\n--- end ---\n" + "\n".join(lines[-20:]),
+            file=sys.stderr,
+        )
+        return proc.returncode or 1
+    print(f"[pipeline] SLURM job {job} ({name}) completed", flush=True)
+    return 0
+
+
+def run_search(p: dict[str, Any], args: list[str], out: Path) -> int:
+    slurm = p["experiments"]["slurm"]
+    nodes = int(slurm["search_nodes"])
+    ranks = int(p["search"]["ranks"])
+    if ranks % nodes:
+        raise SystemExit(
+            f"search.ranks={ranks} is not a multiple of experiments.slurm.search_nodes"
+        )
+    job_dir = out.parent / f"{out.name}-job"  # the search's own folder may not exist yet
+    text = search_script(slurm, nodes, ranks // nodes, args, job_dir.resolve(), "search")
+    return submit(text, job_dir, "search")
+
+
+def run_slurm(p: dict[str, Any], run: Any, args: list[str], out: Path) -> int:
+    text = train_script(
+        p["experiments"]["slurm"], run.nodes, run.ranks_per_node, args, out.resolve(), run.name
+    )
+    return submit(text, out, run.name)

@@ -1,0 +1,185 @@
+"""The SLURM launcher against a real local SLURM cluster (slurmctld + two slurmd nodes)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline import slurm
+from pipeline.common import Run
+from tests import slurm_cluster
+from tests.conftest import PARAMS, ROOT, TINY, launch, summary
+
+pytestmark = pytest.mark.skipif(
+    not slurm_cluster.available(), reason="Debian's slurmctld/slurmd/slurm-client are not installed"
+)
+
+BIN = Path(sys.executable).parent
+SLURM = {
+    "partition": None,
+    "account": None,
+    "time": "00:10:00",
+    "gpus_per_node": 0,
+    "cpus_per_task": 1,
+    "stop_before_s": 60,
+    "search_nodes": 2,
+    "setup": f"export PATH={BIN}:$PATH",
+    "env": {"OMP_NUM_THREADS": "1"},
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with slurm_cluster.local_cluster(tmp_path_factory.mktemp("slurm")) as env:
+        yield env
+
+
+@pytest.fixture
+def in_cluster(cluster, monkeypatch):
+    """sbatch and friends reach the test cluster; the job runs in the repository."""
+    monkeypatch.setenv("SLURM_CONF", cluster["SLURM_CONF"])
+    monkeypatch.chdir(ROOT)
+    return cluster
+
+
+def train_args(out: Path, *extra: str) -> list[str]:
+    args = ["train", "--config", str(PARAMS), "--out", str(out)]
+    for o in [*TINY, *extra]:
+        args += ["--set", o]
+    return args
+
+
+def p_with(slurm_cfg=SLURM):
+    return {"experiments": {"slurm": slurm_cfg}}
+
+
+def test_two_node_ab_job_completes_with_two_node_traffic(in_cluster, tmp_path):
+    run = Run("ab-2x2", "ab", nodes=2, ranks_per_node=2, batch="local")
+    out = tmp_path / "slurm-run"
+    assert slurm.run_slurm(p_with(), run, train_args(out, "method=ab"), out) == 0
+    s = summary(out)
+    assert s["nodes"] == 2 and s["world_size"] == 4
+    local = launch(tmp_path / "local-run", "method=ab")  # the same run, local launcher
+    assert local.returncode == 0, local.stderr[-2000:]
+    assert (
+        s["traffic"]["inter_node_bytes"]
+        == summary(tmp_path / "local-run")["traffic"]["inter_node_bytes"]
+        > 0
+    )
+
+
+def test_failing_job_fails_the_stage_with_job_id_and_log_tail(in_cluster, tmp_path, capsys):
+    run = Run("bad", "ab", nodes=2, ranks_per_node=1, batch="local")
+    out = tmp_path / "bad"
+    code = slurm.run_slurm(p_with(), run, train_args(out, "ab.sigma_cutoff=3"), out)
+    err = capsys.readouterr().err
+    assert code != 0
+    assert re.search(r"SLURM job \d+ \(bad\) failed", err)
+    assert "ab.sigma_cutoff" in err  # the end of the job's log
+
+
+def test_cancelled_job_resubmitted_resumes_from_its_checkpoint(in_cluster, tmp_path):
+    run = Run("long", "ddp", nodes=2, ranks_per_node=1, batch="local")
+    out = tmp_path / "long"
+    args = train_args(out, "method=ddp", "steps=400", "checkpoint_every=20", "eval_every=100")
+    script = slurm.train_script(SLURM, 2, 1, args, out, "long")
+    out.mkdir(parents=True)
+    (out / "job.sbatch").write_text(script)
+    job = subprocess.run(
+        ["sbatch", "--parsable", str(out / "job.sbatch")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    deadline = time.monotonic() + 180
+    while not (out / "checkpoints" / "LATEST").exists():
+        assert time.monotonic() < deadline, "no checkpoint before the cancel"
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], check=True)
+    while subprocess.run(
+        ["squeue", "-h", "-j", job], capture_output=True, text=True
+    ).stdout.strip():
+        time.sleep(0.5)
+    saved = int((out / "checkpoints" / "LATEST").read_text())
+    assert 0 < saved < 400 and not (out / "summary.json").exists()
+    assert slurm.run_slurm(p_with(), run, args, out) == 0
+    logs = "".join(p.read_text() for p in out.glob("slurm-*.log"))
+    assert "resumed from step" in logs and summary(out)["steps"] == 400
+
+
+def test_time_limit_checkpoints_and_requeues(in_cluster, tmp_path):
+    """ABTRAIN_DEADLINE passed: the run stops at its next checkpoint and asks for a requeue."""
+    out = tmp_path / "limit"
+    cfg = {**SLURM, "time": "00:10:00", "stop_before_s": 10_000}  # the deadline is past at once
+    args = train_args(out, "method=ddp", "steps=60", "checkpoint_every=20")
+    text = slurm.train_script(cfg, 2, 1, args, out, "limit")
+    text = text.replace('scontrol requeue "$SLURM_JOB_ID"', "echo REQUEUED")  # one round only
+    assert slurm.submit(text, out, "limit") == 0
+    log = "".join(p.read_text() for p in out.glob("slurm-*.log"))
+    assert "stopped at the checkpoint of step 20 to be requeued" in log and "REQUEUED" in log
+    assert (out / "checkpoints" / "LATEST").read_text().strip() == "20"
+
+
+def test_generated_scripts_quote_every_value(tmp_path):
+    evil = {**SLURM, "partition": "gpu; rm -rf /", "env": {"NCCL_SOCKET_IFNAME": "ib0 $(id)"}}
+    text = slurm.train_script(evil, 2, 4, ["train", "--set", "seed=1; echo x"], tmp_path, "a b")
+    assert "#SBATCH --partition='gpu; rm -rf /'" in text
+    assert "export NCCL_SOCKET_IFNAME='ib0 $(id)'" in text
+    assert "#SBATCH --job-name='a b'" in text
+    assert "'seed=1; echo x'" in text
+    with pytest.raises(ValueError, match="not an environment variable name"):
+        slurm.train_script({**SLURM, "env": {"A;B": "1"}}, 1, 1, [], tmp_path, "x")
+
+
+def test_the_search_runs_as_one_slurm_job_with_mpi_inside(in_cluster, tmp_path):
+    out = tmp_path / "search"
+    params = {"search": {"ranks": 4}, "experiments": {"slurm": SLURM}}
+    args = [
+        "--backend",
+        "optuna",
+        "--out",
+        str(out),
+        "--set",
+        "search.evaluations=2",
+        "--set",
+        "search.ranks_per_worker=2",
+        "--set",
+        "search.train=[method=ab, steps=12, eval_every=4, checkpoint_every=0, ab.warmup_steps=2, "
+        '"model={name: mlp, width: 32, depth: 3, init: default}", '
+        '"data={name: synthetic, features: 16, classes: 4, train_samples: 400, val_samples: 80}"]',
+        "--set",
+        "train.tracking.enabled=false",
+    ]
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    assert slurm.run_search(params, args, out) == 0
+    best = json.loads((out / "best.json").read_text())
+    assert best["evaluations"] == 2
+    rows = [json.loads(line) for line in (out / "evaluations.jsonl").read_text().splitlines()]
+    assert {r["worker"] for r in rows} <= {0, 1}
+
+
+def test_dvc_repro_runs_the_training_stages_through_slurm(in_cluster, tmp_path):
+    from tests.pipeline.test_pipeline import copy_repo, dvc, miniature, write_images
+
+    repo = tmp_path / "repo"
+    copy_repo(repo)
+    write_images(tmp_path / "images")
+    params = miniature(yaml.safe_load((repo / "params.yaml").read_text()), tmp_path / "images")
+    params["experiments"]["launcher"] = "slurm"
+    params["experiments"]["slurm"] = {**SLURM, "search_nodes": 1}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = dvc(repo, "repro", "train@ddp-2x1", "train@ab-2x1")  # and the search they use
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = re.findall(r"SLURM job \d+ \((\S+)\) completed", proc.stdout)
+    assert sorted(jobs) == ["ab-2x1", "ddp-2x1", "search"]
+    for name in ("ddp-2x1", "ab-2x1"):
+        s = json.loads((repo / "metrics" / f"{name}.json").read_text())
+        assert s["nodes"] == 2 and s["traffic"]["inter_node_bytes"] > 0
+        assert list((repo / "runs" / "train" / name).glob("slurm-*.log"))
