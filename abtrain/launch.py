@@ -57,6 +57,11 @@ def run_local(
     (each rank then reports what it saw), and are stopped after that.
     """
     env = {**os.environ, **(env or {})}
+    # torchrun sets OMP_NUM_THREADS=1 only for several ranks per node; one rank per "node"
+    # would take every core, and ranks sharing this machine would fight over them.
+    env.setdefault(
+        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (nnodes * nproc_per_node)))
+    )
     procs = [
         subprocess.Popen(cmd, env=env, start_new_session=True)
         for cmd in torchrun_commands(nnodes, nproc_per_node, args, free_port())

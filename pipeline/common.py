@@ -66,7 +66,9 @@ def train_size(cfg: abconfig.Config) -> int:
     return sum(meta["counts"]["train"].values())
 
 
-def run_overrides(p: dict[str, Any], run: Run, best: dict[str, Any] | None) -> list[str]:
+def run_overrides(
+    p: dict[str, Any], run: Run, best: dict[str, Any] | None, size: int | None = None
+) -> list[str]:
     """The `--set` overrides that make the `train` section into this run of the matrix.
 
     Every run sees the same number of samples (experiments.epochs); the schedule is the same
@@ -76,7 +78,8 @@ def run_overrides(p: dict[str, Any], run: Run, best: dict[str, Any] | None) -> l
     local = base.batch_size if run.batch == "local" else e["reference_global_batch"] // run.world
     if local < 1:
         raise ValueError(f"experiments.runs.{run.name}: no samples per rank")
-    steps = max(1, math.floor(e["epochs"] * train_size(base) / (local * run.world)))
+    size = size or train_size(base)  # a planner may pass the size of data it doesn't have
+    steps = max(1, math.floor(e["epochs"] * size / (local * run.world)))
     sets = [
         *run.set,
         f"method={run.method}",

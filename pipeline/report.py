@@ -23,8 +23,8 @@ PAPER = Path("pipeline/paper_reference.json")
 DASH = "—"
 
 
-def fmt(x: Any, spec: str = ".2f") -> str:
-    return DASH if x is None else format(x, spec)
+def fmt(x: Any, spec: str = ".2f", unit: str = "") -> str:
+    return DASH if x is None else format(x, spec) + unit
 
 
 def load_runs(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -312,8 +312,8 @@ def main() -> int:
     for r in t2:
         md.append(
             f"| {r['run']} | {r['method']} | {fmt(r['diff_top1'], '+.2f')} | "
-            f"{r['compression']:.2f}:1 | {r['ecr']:.1f}% | {fmt(r['ecr_groups'], '.1f')}% | "
-            f"{fmt(r['measured_reduction'], '.1f')}% |"
+            f"{r['compression']:.2f}:1 | {r['ecr']:.1f}% | {fmt(r['ecr_groups'], '.1f', '%')} | "
+            f"{fmt(r['measured_reduction'], '.1f', '%')} |"
         )
     md += [
         "",
