@@ -163,7 +163,9 @@ class Trainer:
         bar = self._progress_bar()
         while self.step < self.cfg.steps:
             self.ledger.step = self.step
+            t0 = time.perf_counter()
             self._enter(schedule.phase_at(self.step, self.cfg))
+            self._enter_seconds = time.perf_counter() - t0  # SVDs, syncs, re-wrapping
             if self.pending_eval and not self.phase.low_rank:
                 yield self._evaluate()
             self._train_step()
@@ -213,7 +215,7 @@ class Trainer:
         self._log(f"step {self.step}: enter {phase.kind} phase")
 
     def _train_step(self) -> None:
-        cfg = self.cfg
+        cfg, t0 = self.cfg, time.perf_counter()
         self._fail_if_asked()
         lr = schedule.lr_at(self.step, cfg)
         for g in self.opt.param_groups:
@@ -228,7 +230,10 @@ class Trainer:
             trainable = [p for p in self.model.parameters() if p.requires_grad]
             torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.max_grad_norm)
         self.opt.step()
-        entry = dict(step=self.step, loss=loss.item(), lr=lr, phase=self.phase.kind)
+        seconds = time.perf_counter() - t0 + self._enter_seconds
+        entry = dict(
+            step=self.step, loss=loss.item(), lr=lr, phase=self.phase.kind, seconds=seconds
+        )
         self.train_log.append(entry)
         top1 = (logits.argmax(1) == y).float().mean().item() * 100
         self.window.append((entry["loss"], top1))
@@ -322,7 +327,11 @@ class Trainer:
         self.ledger.phase = phase
         loss, top1, top5, n = sums.tolist()
         result = dict(
-            step=self.step, val_loss=loss / n, val_top1=100 * top1 / n, val_top5=100 * top5 / n
+            step=self.step,
+            val_loss=loss / n,
+            val_top1=100 * top1 / n,
+            val_top5=100 * top5 / n,
+            seconds=self.elapsed,  # training time so far, for time-to-accuracy
         )
         if self.window:
             result["train_loss"] = sum(w[0] for w in self.window) / len(self.window)
@@ -452,8 +461,9 @@ class Trainer:
             summary = self._summary(rows)
             checkpoint.atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2))
             checkpoint.atomic_save(self.model.state_dict(), self.out / "model.pt")
-            lines = ["step,loss,lr,phase"] + [
-                f"{e['step']},{e['loss']:.6g},{e['lr']:.6g},{e['phase']}" for e in self.train_log
+            lines = ["step,loss,lr,phase,seconds"] + [
+                f"{e['step']},{e['loss']:.6g},{e['lr']:.6g},{e['phase']},{e['seconds']:.4f}"
+                for e in self.train_log
             ]
             checkpoint.atomic_write_text(self.out / "train_log.csv", "\n".join(lines) + "\n")
             names = ["summary.json", "ledger.jsonl", "config.json", "model.pt", "train_log.csv"]
