@@ -1,0 +1,1 @@
+"""Benchmarks: an emulated cluster of network namespaces with shaped links."""
