@@ -117,16 +117,8 @@ class SyntheticTask:
 
 
 # ---------------------------------------------------------------- sources
-def _md5(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def _digest(path: Path, algorithm: str) -> str:
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
@@ -156,7 +148,7 @@ def _cifar_files(d: ImageData) -> tuple[dict[str, bytes], str]:
     if not source.exists():
         raise DataError(f"data.source {source} does not exist")
     if source.is_file():
-        if source.name == spec["archive"] and _md5(source) != spec["md5"]:
+        if source.name == spec["archive"] and _digest(source, "md5") != spec["md5"]:
             raise DataError(f"{source}: md5 does not match the published {d.name} archive")
         files = {}
         try:
@@ -293,7 +285,7 @@ def _prepare_into(d: ImageData, tmp: Path) -> dict[str, Any]:
         source = Path(d.source)
         if not source.is_file():
             raise DataError(f"data.sha256 is set but data.source {source} is not a file")
-        if _sha256(source) != d.sha256:
+        if _digest(source, "sha256") != d.sha256:
             raise DataError(f"{source}: sha256 does not match data.sha256")
     if d.name in CIFAR:
         splits, classes, source = _read_cifar(d)

@@ -16,7 +16,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch import Tensor
 
@@ -92,16 +91,6 @@ class Ledger:
     def broadcast(self, tensor: Tensor, src: int, group: dist.ProcessGroup | None = None) -> None:
         self.record("broadcast", _nbytes(tensor), group, root=src)
         dist.broadcast(tensor, src=src, group=group)
-
-    def all_gather(self, tensor: Tensor, group: dist.ProcessGroup | None = None) -> list[Tensor]:
-        self.record("all_gather", _nbytes(tensor), group)
-        out = [torch.empty_like(tensor) for _ in group_ranks(group)]
-        dist.all_gather(out, tensor, group=group)
-        return out
-
-    def barrier(self, group: dist.ProcessGroup | None = None) -> None:
-        self.record("barrier", 0, group)
-        dist.barrier(group=group)
 
     def allreduce_hook(self, group: dist.ProcessGroup | None):
         """A DDP comm hook: averages each gradient bucket over `group`, recording it."""
