@@ -19,8 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="validate a config (and a world size) without training")
     check.add_argument("--config", required=True)
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    check.add_argument("--world-size", type=int, default=1)
-    check.add_argument("--ranks-per-node", type=int, default=None)
+    check.add_argument(
+        "--world-size", type=int, default=None, help="default: the fewest ranks the method runs on"
+    )
+    check.add_argument(
+        "--ranks-per-node", type=int, default=None, help="default: all ranks on one node"
+    )
     prep = sub.add_parser(
         "prepare", help="verify the config's data set and write its prepared form"
     )
@@ -39,17 +43,75 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prepare":
             return _prepare(cfg)
         if args.command == "check":
-            check_world(cfg, args.world_size, args.ranks_per_node or args.world_size)
-            print(f"{args.config}: valid ({cfg.method})")
-            return 0
+            return _check(cfg, args.config, args.world_size, args.ranks_per_node)
         from abtrain.trainer import Launch
 
         launch = Launch.from_env()
         check_world(cfg, launch.world_size, launch.ranks_per_node)
+        check_batch(cfg, launch.world_size)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return _train(cfg, args.out, launch)
+
+
+def smallest_world(cfg, ranks_per_node: int | None) -> tuple[int, int]:
+    """(world size, ranks per node) of the fewest ranks `cfg` runs on: an AB method needs
+    an A and a B group, of ab.group_size ranks or (group_size null) one node each."""
+    from abtrain.config import AB_METHODS
+
+    if cfg.method not in AB_METHODS or cfg.method == "ab_nogroups":
+        return 1, 1
+    if cfg.method == "ab_individual":
+        return 2, ranks_per_node or 2
+    if cfg.ab.group_size is None:
+        return 2 * (ranks_per_node or 1), ranks_per_node or 1
+    return 2 * cfg.ab.group_size, ranks_per_node or 2 * cfg.ab.group_size
+
+
+def check_batch(cfg, world_size: int) -> list[str]:
+    """Refuse a global batch larger than the training set; returns notes for the user."""
+    from abtrain.config import ConfigError
+
+    if cfg.data.name == "synthetic":
+        n, origin = cfg.data.train_samples, "data.train_samples"
+    else:
+        from abtrain.data import train_size
+
+        n, origin = train_size(cfg.data)
+    if n is None:
+        return [f"batch_size not checked against the training set: {origin} (run prepare)"]
+    if cfg.batch_size * world_size > n:
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} on {world_size} ranks is a global batch of "
+            f"{cfg.batch_size * world_size}, more than the {n} training samples ({origin})"
+        )
+    return []
+
+
+def _check(cfg, path: str, world_size: int | None, ranks_per_node: int | None) -> int:
+    from abtrain.config import ConfigError, check_world
+
+    notes = []
+    if world_size is None:
+        world_size, ranks_per_node = smallest_world(cfg, ranks_per_node)
+        notes.append(
+            f"no --world-size: checked on the fewest ranks {cfg.method} runs on, "
+            f"{world_size // ranks_per_node} node(s) x {ranks_per_node}; "
+            "pass --world-size N --ranks-per-node M to check a cluster"
+        )
+    elif ranks_per_node is None:
+        ranks_per_node = world_size
+        notes.append(f"no --ranks-per-node: checked as one node of {world_size} ranks")
+    try:
+        check_world(cfg, world_size, ranks_per_node)
+    except ConfigError as err:
+        raise ConfigError(f"{err} ({'; '.join(notes)})" if notes else str(err)) from None
+    notes += check_batch(cfg, world_size)
+    print(f"{path}: valid ({cfg.method}, {world_size} ranks)")
+    for note in notes:
+        print(f"note: {note}")
+    return 0
 
 
 def _train(cfg, out: str, launch) -> int:

@@ -1,14 +1,19 @@
-"""Atomic files and resumable checkpoints.
+"""Atomic files, append-only logs and resumable checkpoints.
 
-Each rank saves its own state (in an AB phase the replicas differ on purpose) to
-`DIR/checkpoints/step_NNNNNNNN/rank_R.pt`; rank 0 then points `LATEST` at that folder,
+A checkpoint writes each distinct state once. The ranks that hold one replica (the world
+in full-rank phases, one A/B group in AB phases) share `step_N/replica_W.pt`, model
+parameters and optimizer state, written by the replica's first rank W; every rank adds its
+own small `step_N/rank_R.pt`: run state, RNG, ledger totals and its model buffers (which
+may differ per rank, as BatchNorm statistics do). Rank 0 points `LATEST` at the folder
 after every rank has finished, so a run killed at any moment resumes from a whole one.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,41 +42,120 @@ def atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+COMPLETE = "meta.json"  # in a step folder: every rank saved it; world and config
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
 
-def save_rank(root: Path, step: int, rank: int, state: dict[str, Any]) -> None:
-    atomic_save(state, step_dir(root, step) / f"rank_{rank}.pt")
+def save(root: Path, step: int, rank: int, writer: int, shared: dict, own: dict) -> None:
+    """This rank's part of a checkpoint; `writer` is the first rank of its replica."""
+    folder = step_dir(root, step)
+    if rank == writer:
+        atomic_save(shared, folder / f"replica_{writer}.pt")
+    atomic_save({**own, "replica": writer}, folder / f"rank_{rank}.pt")
 
 
-def publish(root: Path, step: int, keep: int) -> None:
-    """Rank 0, once every rank has saved `step`: make it the one to resume from."""
+def publish(root: Path, step: int, keep: int, meta: dict[str, Any]) -> None:
+    """Rank 0, once every rank has saved `step`: mark it whole (with `meta`: who wrote it,
+    under which config), make it the one to resume from, and drop the older ones beyond
+    the `keep` newest whole ones. Folders of later steps (a run restarted from an earlier
+    checkpoint) are left to be overwritten."""
+    atomic_write_text(step_dir(root, step) / COMPLETE, json.dumps({"step": step, **meta}))
     atomic_write_text(root / "LATEST", f"{step}\n")
-    done = sorted(p for p in root.glob("step_*") if p.is_dir())
-    for old in done[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    kept = set([s for s in whole_steps(root) if s <= step][-keep:])
+    for folder, s in _step_dirs(root):
+        if s < step and s not in kept:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
-def latest_step(root: Path) -> int | None:
+def whole_steps(root: Path) -> list[int]:
+    """Steps whose checkpoint every rank finished, oldest first."""
+    return [s for folder, s in _step_dirs(root) if (folder / COMPLETE).exists()]
+
+
+def resume_candidates(root: Path) -> list[int]:
+    """Steps to resume from, best first: the one `LATEST` names, then every other whole
+    one, newest first (a lost or corrupt `LATEST` costs nothing that was saved)."""
+    whole = whole_steps(root)[::-1]
     marker = root / "LATEST"
-    if not marker.exists():
-        return None
-    text = marker.read_text().strip()
-    try:
-        return int(text)
-    except ValueError:
-        raise RuntimeError(f"{marker} is corrupt: {text!r} is not a step number") from None
+    text = marker.read_text().strip() if marker.exists() else ""
+    named = [int(text)] if text.isdigit() and int(text) in whole else []
+    return named + [s for s in whole if s not in named]
 
 
-def load_rank(root: Path, step: int, rank: int) -> dict[str, Any]:
-    path = step_dir(root, step) / f"rank_{rank}.pt"
+def meta(root: Path, step: int) -> dict[str, Any]:
+    return json.loads((step_dir(root, step) / COMPLETE).read_text())
+
+
+def _step_dirs(root: Path) -> list[tuple[Path, int]]:
+    found = []
+    for folder in root.glob("step_*"):
+        digits = folder.name.removeprefix("step_")
+        if folder.is_dir() and digits.isdigit():
+            found.append((folder, int(digits)))
+    return sorted(found, key=lambda t: t[1])
+
+
+def load(root: Path, step: int, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(this rank's own state, its replica's shared state) of the checkpoint at `step`."""
+    own = _load(step_dir(root, step) / f"rank_{rank}.pt")
+    shared = _load(step_dir(root, step) / f"replica_{own['replica']}.pt")
+    return own, shared
+
+
+def model_state(root: Path, step: int, rank: int) -> dict[str, Any]:
+    """The model's full state_dict as `rank` held it at `step`."""
+    own, shared = load(root, step, rank)
+    return {**shared["model"], **own["buffers"]}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing or unreadable; the message names it."""
+
+
+def _load(path: Path) -> dict[str, Any]:
     if not path.exists():
-        raise RuntimeError(
+        raise CheckpointError(
             f"{path} is missing: the checkpoint was written by a different world size "
             "or has been removed"
         )
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, or not a checkpoint at all
+        raise CheckpointError(f"{path} is unreadable ({type(err).__name__}: {err})") from None
+
+
+def append_lines(path: Path, lines: list[str], header: str | None = None) -> None:
+    """Append whole lines, on disk before returning; a new file starts with `header`."""
+    if not lines:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with open(path, "a") as f:
+        if new and header:
+            f.write(header + "\n")
+        f.write("".join(line + "\n" for line in lines))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def csv_step(line: str) -> int | None:
+    """The step in a CSV log line's first column; None for a header or a torn line."""
+    head = line.split(",", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def cut_after(path: Path, cutoff: int, step_of: Callable[[str], int | None], header: bool) -> None:
+    """Keep the lines of an append-only log whose step is below `cutoff` (what a checkpoint
+    at `cutoff` had seen); lines written after it, or torn by a crash, go."""
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines()
+    head = lines[:1] if header else []
+    kept = [ln for ln in lines[len(head) :] if (s := step_of(ln)) is not None and s < cutoff]
+    atomic_write_text(path, "".join(ln + "\n" for ln in head + kept))
 
 
 def diff_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

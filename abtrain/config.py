@@ -22,7 +22,8 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # YAML reads .inf and .nan as floats; no value of this config means either
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class _Model(_Section):
@@ -65,6 +66,9 @@ class VGGModel(_Model):
     # torchvision: 7x7 avg-pool + Linear(25088, 4096); timm: the first classifier layer is
     # a 7x7 conv over the features pooled up to 7x7 (the authors' 44:1 model on CIFAR)
     layout: Literal["torchvision", "timm"]
+    # channels of the first stage: 64 is VGG16; every stage (64-128-256-512-512) and the
+    # classifier (4096) scale with it, for runs in miniature
+    width: int = Field(gt=0)
     dropout: float = Field(ge=0, lt=1)
 
 
@@ -90,7 +94,7 @@ class ImageData(_Section):
     val_per_class: int = Field(ge=0)
     image_size: int = Field(gt=0)  # training crop; small sizes are cached as tensors
     augment: bool
-    workers: int = Field(ge=0)  # decoding threads for images read from files (not cached)
+    workers: int = Field(ge=0)  # decoding processes for images read from files; 0: in-process
 
     @model_validator(mode="after")
     def _source(self) -> ImageData:
@@ -108,6 +112,9 @@ class TrackingConfig(_Section):
     experiment: str
     required: bool  # false: train on without tracking if the store can't be reached
     log_every: int = Field(gt=0)  # steps between per-step metric rows
+    # one ledger row per collective per rank (ledger.jsonl): steps x buckets x ranks rows,
+    # for short runs and tests; otherwise per-step aggregates only (ledger.csv)
+    ledger_rows: bool
 
 
 class OptimConfig(_Section):
@@ -115,7 +122,7 @@ class OptimConfig(_Section):
     min_lr: float = Field(ge=0)
     lr_warmup_steps: int = Field(ge=0)
     weight_decay: float = Field(ge=0)
-    betas: list[float] = Field(min_length=2, max_length=2)
+    betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field(min_length=2, max_length=2)
     max_grad_norm: float  # <= 0 turns clipping off
     label_smoothing: float = Field(ge=0, lt=1)
 
@@ -124,6 +131,9 @@ class ABConfig(_Section):
     warmup_steps: int = Field(ge=0)
     ab_steps: int = Field(gt=0)
     rebound_steps: int = Field(ge=0)
+    # algorithm1: cycles counted from the warm-up's end; authors: syncs at multiples of
+    # ab_steps + rebound_steps, as the authors' code runs them
+    phase_rule: Literal["algorithm1", "authors"]
     lr_rebound_steps: int = Field(ge=0)
     sigma_cutoff: float = Field(gt=0, lt=1)
     sync_mode: Literal["with_stale", "only_learned"]
@@ -192,7 +202,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {text!r} is not of the form key=value")
-    return key.split("."), yaml.safe_load(raw) if raw else ""
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(
+            f"override {text!r}: the value of {key} is not valid YAML ({problem})"
+        ) from None
+    return key.split("."), value
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -7,34 +7,44 @@ as a folder or a .tar/.tar.gz archive (ImageNet comes this way).
 `prepare` verifies a source (images per class, every selected image decodes, checksums where
 known) and writes the folder training reads: small images as one uint8 tensor file per split,
 so epochs never decode JPEGs again; large ones as an index of files. It writes into a
-temporary folder and renames it into place, so a failure leaves nothing half-written.
+temporary folder and renames it into place, so a failure leaves nothing half-written. It
+replaces only a folder it prepared itself; an archive member with an absolute path, a `..`
+or a link refuses the whole archive; CIFAR pickles load with an unpickler that can build
+numpy arrays and nothing else, so a crafted batch file runs no code.
 
 The global batch of step t is a fixed slice of that epoch's permutation and rank r takes the
 r-th part of it, so what a run sees depends only on (seed, step): resuming is exact, and one
-process with batch world·b sees what `world` ranks see together. Augmentation draws from a
-generator seeded by (seed, step, rank) for the same reason.
+process with batch world·b sees what `world` ranks see together. Augmentation draws from
+generators seeded by (seed, step, position in the global batch) for the same reason, so the
+ranks' augmented images together are also exactly the one process's.
+
+Images read from files are decoded and augmented ahead of the training step, in DataLoader
+worker processes (`train_batches`); which worker builds a batch changes nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import shutil
 import tarfile
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from abtrain.config import Config, ImageData
+from abtrain.config import Config, ImageData, SyntheticData
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff"}
 CACHE_MAX_SIZE = 64  # images this small (or smaller) are cached as tensors
@@ -59,6 +69,11 @@ CIFAR = {
     ),
 }
 IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+CROP_SCALE = (0.08, 1.0)  # RandomResizedCrop's defaults, as the paper uses them
+CROP_RATIO = (3 / 4, 4 / 3)
+# as torchvision computes it (float32), so the drawn ratios are bit-identical to its own
+_LOG_RATIO = tuple(torch.log(torch.tensor(CROP_RATIO)).tolist())
+PREFETCH = 2  # batches each worker builds ahead
 
 
 class DataError(ValueError):
@@ -83,9 +98,27 @@ class StepSampler:
         start = i * self.global_batch + self.rank * self.batch_size
         return perm[start : start + self.batch_size]
 
+    @property
+    def offset(self) -> int:
+        """Where this rank's part starts in the global batch."""
+        return self.rank * self.batch_size
+
     def generator(self, step: int) -> torch.Generator:
-        """The stream for this rank's augmentations at `step`."""
-        return torch.Generator().manual_seed((self.seed * 1_000_003 + step) * 1009 + self.rank)
+        """The stream for the augmentations of `step`'s whole global batch.
+
+        The same on every rank: each draws for all global_batch images and uses its own
+        part, so the ranks together augment exactly as one process with the whole batch.
+        """
+        return torch.Generator().manual_seed((self.seed * 1_000_003 + step) % (1 << 64))
+
+    def image_generator(self, step: int, j: int) -> torch.Generator:
+        """The stream for image j of this rank's part of `step`'s batch.
+
+        An image read from a file draws a varying number of values (the crop's retries), so
+        each gets its own stream, keyed by its position in the global batch.
+        """
+        key = (self.seed * 1_000_003 + step) * 1_000_003 + self.offset + j
+        return torch.Generator().manual_seed(key % (1 << 64))
 
 
 # ---------------------------------------------------------------- generated data
@@ -110,6 +143,13 @@ class SyntheticTask:
         idx = sampler.indices(step)
         return self.train[0][idx], self.train[1][idx]
 
+    def train_batches(
+        self, sampler: StepSampler, start_step: int, stop_step: int
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        """`train_batch` for each step in [start_step, stop_step); cheap, so in-process."""
+        for step in range(start_step, stop_step):
+            yield self.train_batch(sampler, step)
+
     def val_batches(self, rank: int, world: int, batch: int) -> Iterator[tuple[Tensor, Tensor]]:
         x, y = self.val[0][rank::world], self.val[1][rank::world]
         for i in range(0, len(y), batch):
@@ -118,18 +158,53 @@ class SyntheticTask:
 
 # ---------------------------------------------------------------- sources
 def _digest(path: Path, algorithm: str) -> str:
-    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, algorithm).hexdigest()
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    pass
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickles what a CIFAR python batch holds and nothing else.
+
+    A pickle can call any importable function while it loads, so a crafted batch file runs
+    code. The batches are dicts of str, bytes, int lists and numpy arrays; only the three
+    globals a numpy array's pickle names may be looked up (numpy 2 moved `numpy.core` to
+    `numpy._core` and writes that name).
+    """
+
+    ALLOWED = frozenset(
+        {
+            ("numpy.core.multiarray", "_reconstruct"),
+            ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy", "ndarray"),
+            ("numpy", "dtype"),
+        }
+    )
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise _RefusedGlobal(f"{module}.{name}")
+        return super().find_class(module, name)
 
 
 def _unpickle(blob: bytes, where: str) -> dict[str, Any]:
     try:
-        return pickle.loads(blob, encoding="latin1")
+        # latin1: the original batches were pickled by Python 2, whose str holds the pixels
+        obj = _CifarUnpickler(io.BytesIO(blob), encoding="latin1").load()
+    except _RefusedGlobal as err:
+        raise DataError(
+            f"{where}: refused to unpickle: it calls {err}, which a CIFAR python batch never "
+            "does (a crafted or foreign file; nothing of it was run)"
+        ) from None
     except Exception as err:
         raise DataError(f"{where}: not a CIFAR python batch ({err})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: not a CIFAR python batch (holds a {type(obj).__name__})")
+    # a batch re-pickled by Python 3 after loading with encoding="bytes" has bytes keys
+    return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
 
 
 def _cifar_files(d: ImageData) -> tuple[dict[str, bytes], str]:
@@ -188,6 +263,29 @@ def _read_cifar(d: ImageData) -> tuple[dict[str, tuple[Tensor, Tensor]], list[st
     return splits, classes, source
 
 
+def _check_member(source: Path, m: tarfile.TarInfo) -> None:
+    """Refuse an archive member that could land outside the prepared folder.
+
+    tarfile's "data" extraction filter's rules, made stricter: it strips a leading "/" and
+    allows links that stay inside; a data set needs neither, so any of them means the
+    archive is not what it claims and the whole archive is refused, not the member skipped.
+    """
+    name = m.name
+    if name.startswith("/") or os.path.isabs(name):
+        why = "an absolute path"
+    elif ".." in PurePosixPath(name).parts:
+        why = "a '..' component"
+    elif m.issym() or m.islnk():
+        why = f"a link (to {m.linkname!r})"
+    elif not (m.isfile() or m.isdir()):
+        why = "a special file (device, pipe)"
+    else:
+        return
+    raise DataError(
+        f"{source}: archive member {name!r} has {why}; refusing the archive (nothing was extracted)"
+    )
+
+
 class _Tree:
     """An ImageFolder tree, in a folder or an archive: {split: {class: [member]}}."""
 
@@ -197,15 +295,18 @@ class _Tree:
         self.source = source
         self.archive = source.is_file()
         if self.archive:
+            entries = {}
             try:
                 with tarfile.open(source) as tar:
-                    entries = [(m.name, m.isdir()) for m in tar if m.isfile() or m.isdir()]
+                    for m in tar:
+                        _check_member(source, m)
+                        entries[m.name] = m.isdir()  # a name written twice: the last wins
             except tarfile.TarError as err:
                 raise DataError(f"{source}: not a readable tar archive ({err})") from None
         else:
-            entries = [(str(p.relative_to(source)), p.is_dir()) for p in source.rglob("*")]
+            entries = {str(p.relative_to(source)): p.is_dir() for p in source.rglob("*")}
         self.splits: dict[str, dict[str, list[str]]] = {}
-        for p, is_dir in sorted(entries):
+        for p, is_dir in sorted(entries.items()):
             parts = Path(p).parts
             for i, part in enumerate(parts[:-1]):
                 split = {"train": "train", "val": "val", "test": "val"}.get(part)
@@ -224,22 +325,35 @@ class _Tree:
                     raise DataError(f"{source}: class folder {split}/{cls} holds no images")
         self.classes = train_classes
 
-    def read(self, members: list[str]) -> dict[str, bytes]:
-        """The bytes of `members`, in one forward pass over an archive."""
+    def blobs(self, members: list[str]) -> Iterator[tuple[str, bytes]]:
+        """(member, bytes) of each of `members`, one at a time (a split of ImageNet does not
+        fit in memory). An archive gives them in its own order, in one forward pass."""
         if not self.archive:
-            return {m: (self.source / m).read_bytes() for m in members}
-        wanted, out = set(members), {}
+            for m in members:
+                yield m, (self.source / m).read_bytes()
+            return
+        wanted = set(members)
         with tarfile.open(self.source) as tar:
             for m in tar:
-                if m.name in wanted:
-                    out[m.name] = tar.extractfile(m).read()
-        return out
+                if m.name in wanted and m.isfile():
+                    yield m.name, tar.extractfile(m).read()
+
+
+# what PIL raises on a file that is not a whole image: a truncated PNG fails its checksum
+# with SyntaxError, a pixel count past PIL's bomb guard with DecompressionBombError
+_BAD_IMAGE = (
+    UnidentifiedImageError,
+    OSError,
+    SyntaxError,
+    ValueError,
+    Image.DecompressionBombError,
+)
 
 
 def _decode(blob: bytes, where: str, size: int) -> Tensor:
     try:
         img = Image.open(io.BytesIO(blob)).convert("RGB")
-    except (UnidentifiedImageError, OSError) as err:
+    except _BAD_IMAGE as err:
         raise DataError(f"{where}: unreadable image ({err})") from None
     if img.size != (size, size):
         img = img.resize((size, size), Image.BILINEAR)
@@ -259,25 +373,103 @@ def fingerprint(d: ImageData) -> dict[str, Any]:
     return d.model_dump(mode="json", exclude={"workers", "augment"})
 
 
+PREPARED_BY = "abtrain prepare"  # meta.json's mark of a folder this code wrote
+# what meta.json held before it carried the mark: such folders are abtrain's too
+_LEGACY_META = frozenset({"name", "source", "classes", "cached", "counts", "config"})
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _prepared_meta(folder: Path) -> dict[str, Any] | None:
+    """meta.json of a folder that abtrain prepared; None for any other folder."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    if meta.get("prepared_by") == PREPARED_BY or _LEGACY_META <= meta.keys():
+        return meta
+    return None
+
+
+def _prepared_folder(d: ImageData) -> Path:
+    """`d.prepared`, resolved, once it is sure that replacing it destroys nothing else.
+
+    Preparing replaces the whole folder, so it must be one of abtrain's own: not a user's
+    folder, and not one holding the source, the working directory or this repository.
+    """
+    out = Path(d.prepared).resolve()
+    what = f"data.prepared {d.prepared!r} ({out})"
+    if Path.cwd().resolve().is_relative_to(out):
+        raise DataError(f"{what} is the working directory or a folder above it")
+    if REPO.is_relative_to(out):
+        raise DataError(f"{what} holds the abtrain repository")
+    if d.source is not None:
+        source = Path(d.source).resolve()
+        if source.is_relative_to(out):
+            raise DataError(f"{what} holds data.source {d.source!r}")
+    if out.exists() and _prepared_meta(out) is None:
+        raise DataError(
+            f"{what} exists and is not a folder abtrain prepared (no abtrain meta.json); "
+            "preparing replaces the whole folder, so point data.prepared at a new folder "
+            "or remove this one yourself"
+        )
+    return out
+
+
 def prepare(d: ImageData) -> dict[str, Any]:
     """Verify the source and write `d.prepared`; skipped when it is already up to date."""
-    out = Path(d.prepared)
-    meta_path = out / "meta.json"
-    if meta_path.exists() and json.loads(meta_path.read_text()).get("config") == fingerprint(d):
-        return json.loads(meta_path.read_text())
+    out = _prepared_folder(d)
+    meta = _prepared_meta(out)
+    if meta is not None and meta.get("config") == fingerprint(d):
+        return meta
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         meta = _prepare_into(d, tmp)
         meta["config"] = fingerprint(d)
+        meta["prepared_by"] = PREPARED_BY
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        _replace(out, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return meta
+
+
+def _replace(out: Path, new: Path) -> None:
+    """Put `new` in the place of `out`; at every moment one of the two is there whole."""
+    if not out.exists():
+        os.replace(new, out)
+        return
+    old = out.with_name(f".{out.name}.old{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(out, old)
+    try:
+        os.replace(new, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old)
+
+
+def train_size(d: SyntheticData | ImageData) -> tuple[int | None, str]:
+    """How many training samples a run on `d` draws from, and where that number comes from.
+
+    Without a prepared folder an ImageFolder tree's size is unknown (None): counting it
+    means reading the whole source.
+    """
+    if isinstance(d, SyntheticData):
+        return d.train_samples, "data.train_samples"
+    meta = _prepared_meta(Path(d.prepared))
+    if meta is not None and meta.get("config") == fingerprint(d):
+        return sum(meta["counts"]["train"].values()), f"{Path(d.prepared) / 'meta.json'}"
+    if d.name in CIFAR:
+        classes, per_class = (10, 5000) if d.name == "cifar10" else (100, 500)
+        if d.train_per_class:
+            per_class = min(per_class, d.train_per_class)
+        return classes * per_class, f"{d.name} with data.train_per_class={d.train_per_class}"
+    return None, f"{d.prepared} is not prepared"
 
 
 def _prepare_into(d: ImageData, tmp: Path) -> dict[str, Any]:
@@ -333,47 +525,195 @@ def _select(tree: _Tree, split: str, per_class: int) -> tuple[Tensor, list[str]]
 
 
 def _decode_all(tree: _Tree, members: list[str], size: int) -> Tensor:
-    blobs = tree.read(members)
+    row = {m: i for i, m in enumerate(members)}
     x = torch.empty(len(members), 3, size, size, dtype=torch.uint8)
-    for i, m in enumerate(members):
-        x[i] = _decode(blobs[m], f"{tree.source}:{m}", size).permute(2, 0, 1)
+    seen = set()
+    for m, blob in tree.blobs(members):
+        x[row[m]] = _decode(blob, f"{tree.source}:{m}", size).permute(2, 0, 1)
+        seen.add(m)
+    _all_read(tree, members, seen)
     return x
 
 
+def _all_read(tree: _Tree, members: list[str], seen: set[str] | dict[str, Any]) -> None:
+    missing = [m for m in members if m not in seen]
+    if missing:
+        raise DataError(f"{tree.source}: members {missing[:3]} could not be read")
+
+
 def _verify_and_index(tree: _Tree, members: list[str], y: Tensor, tmp: Path, split: str) -> None:
-    """Large images stay files (copied out of an archive); every one must decode."""
-    files = []
-    for m, blob in tree.read(members).items():
+    """Large images stay files (copied out of an archive); every one must decode.
+
+    An archive gives its members in its own order (GNU tar's is the directory's, not
+    sorted), so a file's label is looked up by its name, never taken by position.
+    """
+    label = dict(zip(members, y.tolist()))
+    files_dir = tmp / "files"
+    path = {}
+    for m, blob in tree.blobs(members):
         where = f"{tree.source}:{m}"
         try:
             Image.open(io.BytesIO(blob)).verify()
-        except (UnidentifiedImageError, OSError) as err:
+        except _BAD_IMAGE as err:
             raise DataError(f"{where}: unreadable image ({err})") from None
         if tree.archive:
-            dest = tmp / "files" / m
+            dest = files_dir / m
+            # _check_member refused every name that leaves the folder; this holds the line
+            # should that ever change
+            if not dest.resolve().is_relative_to(files_dir.resolve()):
+                raise DataError(f"{where}: the member would be written outside {tmp}")
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(blob)
-            files.append(str(Path("files") / m))
+            path[m] = str(dest.relative_to(tmp))
         else:
-            files.append(str((tree.source / m).resolve()))
-    order = {m: i for i, m in enumerate(members)}
-    index = sorted(zip(files, y.tolist(), members), key=lambda t: order[t[2]])
-    (tmp / f"{split}.index.json").write_text(json.dumps([[f, label] for f, label, _ in index]))
+            path[m] = str((tree.source / m).resolve())
+    _all_read(tree, members, path)
+    index = [[path[m], label[m]] for m in members]
+    (tmp / f"{split}.index.json").write_text(json.dumps(index))
 
 
 # ---------------------------------------------------------------- training input
-def _augment(x: Tensor, g: torch.Generator) -> Tensor:
-    """CIFAR-style: zero-pad 4, random crop back to size, random horizontal flip."""
+def _augment(x: Tensor, g: torch.Generator, offset: int = 0, total: int | None = None) -> Tensor:
+    """CIFAR-style: zero-pad 4, random crop back to size, random horizontal flip.
+
+    `g` draws for all `total` images of the global batch and `x` gets rows offset.., so a
+    rank's part is augmented as it would be inside the whole batch.
+    """
     n, _, h, w = x.shape
+    total = n if total is None else total
     padded = F.pad(x, (4, 4, 4, 4))
-    dy = torch.randint(0, 9, (n,), generator=g)
-    dx = torch.randint(0, 9, (n,), generator=g)
-    flip = torch.rand(n, generator=g) < 0.5
+    part = slice(offset, offset + n)
+    dy = torch.randint(0, 9, (total,), generator=g)[part]
+    dx = torch.randint(0, 9, (total,), generator=g)[part]
+    flip = (torch.rand(total, generator=g) < 0.5)[part]
     out = torch.empty_like(x)
     for i in range(n):
         crop = padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w]
         out[i] = crop.flip(-1) if flip[i] else crop
     return out
+
+
+def crop_params(height: int, width: int, g: torch.Generator) -> tuple[int, int, int, int]:
+    """RandomResizedCrop's box (top, left, height, width), drawn from `g`.
+
+    torchvision's RandomResizedCrop draws from the global RNG, which DataLoader seeds per
+    worker, so the crop would depend on which worker decoded the batch. This draws the same
+    sequence (the same calls, scale 0.08-1, ratio 3/4-4/3, 10 tries, then its centre-crop
+    fallback) from the (seed, step, image) stream instead: the same distribution, and the
+    same box torchvision gives when the global RNG holds g's state.
+    """
+    area = height * width
+    for _ in range(10):
+        target = area * torch.empty(1).uniform_(*CROP_SCALE, generator=g).item()
+        aspect = torch.exp(torch.empty(1).uniform_(*_LOG_RATIO, generator=g)).item()
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, size=(1,), generator=g).item())
+            left = int(torch.randint(0, width - w + 1, size=(1,), generator=g).item())
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < min(CROP_RATIO):
+        w, h = width, int(round(width / min(CROP_RATIO)))
+    elif in_ratio > max(CROP_RATIO):
+        w, h = int(round(height * max(CROP_RATIO))), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def _draft(img: Image.Image, fx: float, fy: float) -> int:
+    """Let libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale; returns the scale's divisor.
+
+    `fx`, `fy` are how much the transform shrinks the image anyway; the request keeps the
+    part that is used at least as large as the output, so the transform still shrinks (or
+    keeps) it afterwards and no detail the output could hold is lost; only the filter of
+    the first reduction differs (DCT scaling instead of bilinear). Other formats: 1.
+    """
+    width = img.width
+    drafted = img.draft("RGB", (math.ceil(width * fx), math.ceil(img.height * fy)))
+    return 1 if drafted is None else round(width / drafted[1][2])
+
+
+def _load(path: str, size: int, g: torch.Generator | None) -> Tensor:
+    """One image as uint8 (3, size, size): RandomResizedCrop + flip drawn from `g`, or (g
+    None) resize to size·256/224 and centre crop, as the paper's ImageNet pipeline."""
+    from torchvision.transforms.v2 import functional as TF
+
+    try:
+        with Image.open(path) as src:
+            width, height = src.size
+            if g is None:
+                short = round(size * 256 / 224)
+                f = short / min(width, height)
+                _draft(src, f, f)
+                img = src if src.mode == "RGB" else src.convert("RGB")
+                img = TF.center_crop(TF.resize(img, [short]), [size])
+            else:
+                top, left, h, w = crop_params(height, width, g)
+                k = _draft(src, size / w, size / h)
+                img = src if src.mode == "RGB" else src.convert("RGB")
+                if k == 1:
+                    img = TF.resized_crop(img, top, left, h, w, [size, size])
+                else:  # in the reduced image the box is fractional, which only PIL takes
+                    box = (left / k, top / k, (left + w) / k, (top + h) / k)
+                    img = img.resize((size, size), Image.BILINEAR, box=box)
+                if torch.rand(1, generator=g).item() < 0.5:
+                    img = TF.horizontal_flip(img)
+            return TF.pil_to_tensor(img)  # inside: `img` may still be the lazily read `src`
+    except (UnidentifiedImageError, OSError) as err:
+        raise DataError(f"{path}: unreadable image ({err})") from None
+
+
+def _read_index(path: Path) -> dict[str, Any]:
+    """A split's files and labels. The paths are one numpy bytes array, not a list of str:
+    forked workers touching the refcounts of a million small objects would each copy them."""
+    entries = json.loads(path.read_text())
+    return dict(
+        files=np.array([os.fsencode(f) for f, _ in entries], dtype=np.bytes_),
+        y=torch.tensor([label for _, label in entries], dtype=torch.int64),
+    )
+
+
+def _init_worker(worker_id: int) -> None:
+    # a worker decodes one image at a time; torch's intra-op threads would only compete
+    # with the other workers and the training step for the cores
+    torch.set_num_threads(1)
+
+
+class _Items(Dataset):
+    """Item k is fn(k), one whole batch; DataLoader builds items in its worker processes."""
+
+    def __init__(self, fn: Callable[[int], tuple[Tensor, Tensor]], n: int) -> None:
+        self.fn, self.n = fn, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k: int) -> tuple[Tensor, Tensor]:
+        return self.fn(k)
+
+
+def _ahead(
+    fn: Callable[[int], tuple[Tensor, Tensor]], n: int, workers: int
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """fn(0), ..., fn(n-1) in order, built ahead by `workers` processes (0: in-process)."""
+    if workers == 0 or n == 0:
+        for k in range(n):
+            yield fn(k)
+        return
+    loader = DataLoader(
+        _Items(fn, n),
+        batch_size=None,  # an item is already a batch
+        num_workers=min(workers, n),
+        pin_memory=torch.cuda.is_available(),
+        prefetch_factor=PREFETCH,
+        persistent_workers=True,
+        worker_init_fn=_init_worker,
+    )
+    for batch in loader:  # DataLoader turns the (x, y) tuple into a list
+        yield tuple(batch)
+    # closing this generator early drops the loader and its iterator, which stops the workers
 
 
 class ImageTask:
@@ -398,28 +738,41 @@ class ImageTask:
             self.train = torch.load(self.root / "train.pt", weights_only=True)
             self.val = torch.load(self.root / "val.pt", weights_only=True)
         else:
-            self.train = json.loads((self.root / "train.index.json").read_text())
-            self.val = json.loads((self.root / "val.index.json").read_text())
-            # decoding threads: PIL releases the GIL while it decodes
-            self._pool = ThreadPoolExecutor(max(1, d.workers))
+            self.train = _read_index(self.root / "train.index.json")
+            self.val = _read_index(self.root / "val.index.json")
 
     def __len__(self) -> int:
-        return len(self.train["y"]) if self.meta["cached"] else len(self.train)
+        return len(self.train["y"])
 
     def _normalize(self, x: Tensor) -> Tensor:
         return (x.float() / 255 - self.mean) / self.std
 
     def train_batch(self, sampler: StepSampler, step: int) -> tuple[Tensor, Tensor]:
-        idx, g = sampler.indices(step), sampler.generator(step)
+        """This rank's batch of `step`: the one definition `train_batches` also builds."""
+        idx = sampler.indices(step)
         if self.meta["cached"]:
             x, y = self.train["x"][idx], self.train["y"][idx]
-            return self._normalize(_augment(x, g) if self.augment else x), y
-        seed = g.initial_seed()
-        files = [self.train[i][0] for i in idx.tolist()]
-        gens = [torch.Generator().manual_seed(seed * 4099 + j) for j in range(len(files))]
-        x = torch.stack(list(self._pool.map(self._load, files, gens)))
-        y = torch.tensor([self.train[i][1] for i in idx.tolist()])
-        return self._normalize(x), y
+            if self.augment:
+                x = _augment(x, sampler.generator(step), sampler.offset, sampler.global_batch)
+            return self._normalize(x), y
+        gens = [sampler.image_generator(step, j) for j in range(len(idx))]
+        return self._decode(self.train, idx, gens if self.augment else None)
+
+    def train_batches(
+        self, sampler: StepSampler, start_step: int, stop_step: int
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        """`train_batch` of each step in [start_step, stop_step), in order.
+
+        Images read from files are decoded in `data.workers` processes running ahead of the
+        consumer; cached tensors are cheap to slice, so those stay in-process.
+        """
+        n = max(0, stop_step - start_step)
+        if self.meta["cached"]:
+            for step in range(start_step, start_step + n):
+                yield self.train_batch(sampler, step)
+            return
+        batch = functools.partial(_shifted, self.train_batch, sampler, start_step)
+        yield from _ahead(batch, n, self.workers)
 
     def val_batches(self, rank: int, world: int, batch: int) -> Iterator[tuple[Tensor, Tensor]]:
         if self.meta["cached"]:
@@ -427,34 +780,40 @@ class ImageTask:
             for i in range(0, len(y), batch):
                 yield self._normalize(x[i : i + batch]), y[i : i + batch]
             return
-        shard = self.val[rank::world]
-        for i in range(0, len(shard), batch):
-            part = shard[i : i + batch]
-            x = torch.stack(list(self._pool.map(self._load, [f for f, _ in part])))
-            yield self._normalize(x), torch.tensor([label for _, label in part])
+        shard = torch.arange(rank, len(self.val["y"]), world)
+        n = math.ceil(len(shard) / batch)
+        part = functools.partial(_val_part, self, shard, batch)
+        yield from _ahead(part, n, self.workers)
 
-    def _load(self, file: str, g: torch.Generator | None = None) -> Tensor:
-        """ImageNet-style: RandomResizedCrop + flip for training, resize + centre crop else."""
-        from torchvision.transforms.v2 import functional as TF
+    def _decode(
+        self, split: dict[str, Any], idx: Tensor, gens: list[torch.Generator] | None
+    ) -> tuple[Tensor, Tensor]:
+        x = torch.empty(len(idx), 3, self.size, self.size)
+        if get_worker_info() is not None:
+            # written straight into shared memory, the batch reaches the training process
+            # without another copy (as DataLoader's own collate does)
+            x.share_memory_()
+        mean, std = self.mean.view(3, 1, 1), self.std.view(3, 1, 1)
+        for j, i in enumerate(idx.tolist()):
+            path = os.path.join(self.root, os.fsdecode(split["files"][i]))
+            img = _load(path, self.size, None if gens is None else gens[j])
+            # normalised image by image, in place: while it is in cache, which the same
+            # arithmetic over the whole batch at once is not (several times slower)
+            torch.div(img, 255, out=x[j]).sub_(mean).div_(std)
+        return x, split["y"][idx]
 
-        path = self.root / file if not os.path.isabs(file) else Path(file)
-        img = TF.pil_to_tensor(Image.open(path).convert("RGB"))
-        if g is None or not self.augment:
-            img = TF.resize(img, [round(self.size * 256 / 224)], antialias=True)
-            return TF.center_crop(img, [self.size])
-        h, w = img.shape[-2:]
-        for _ in range(10):
-            area = h * w * (0.08 + 0.92 * torch.rand(1, generator=g).item())
-            ratio = torch.exp(torch.empty(1).uniform_(-0.2877, 0.2877, generator=g)).item()
-            ch, cw = round((area / ratio) ** 0.5), round((area * ratio) ** 0.5)
-            if 0 < ch <= h and 0 < cw <= w:
-                top = torch.randint(0, h - ch + 1, (1,), generator=g).item()
-                left = torch.randint(0, w - cw + 1, (1,), generator=g).item()
-                break
-        else:
-            ch, cw, top, left = h, w, 0, 0
-        img = TF.resized_crop(img, top, left, ch, cw, [self.size, self.size], antialias=True)
-        return TF.horizontal_flip(img) if torch.rand(1, generator=g).item() < 0.5 else img
+
+def _shifted(
+    fn: Callable[[StepSampler, int], tuple[Tensor, Tensor]],
+    sampler: StepSampler,
+    start: int,
+    k: int,
+) -> tuple[Tensor, Tensor]:
+    return fn(sampler, start + k)
+
+
+def _val_part(task: ImageTask, shard: Tensor, batch: int, i: int) -> tuple[Tensor, Tensor]:
+    return task._decode(task.val, shard[i * batch : (i + 1) * batch], None)
 
 
 def make_task(cfg: Config) -> SyntheticTask | ImageTask:

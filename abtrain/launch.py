@@ -3,6 +3,11 @@
 `python -m abtrain.launch --nnodes 2 --nproc-per-node 2 train --config params.yaml --out DIR`
 starts two torchrun processes with a static rendezvous on 127.0.0.1; each acts as one node
 (torchrun's node rank becomes the node id in the traffic ledger).
+
+Each torchrun runs in a session of its own, so that one node can be stopped as a whole;
+a SIGTERM, SIGHUP or SIGINT to the launcher (a CI timeout, `scancel`, a closed terminal)
+is passed on to every node, and the launcher returns 128 + the signal's number once they
+have stopped. What the last checkpoint saved is kept; the run resumes from it.
 """
 
 from __future__ import annotations
@@ -62,12 +67,12 @@ def run_local(
     env.setdefault(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (nnodes * nproc_per_node)))
     )
-    procs = [
-        subprocess.Popen(cmd, env=env, start_new_session=True)
-        for cmd in torchrun_commands(nnodes, nproc_per_node, args, free_port())
-    ]
+    procs: list[subprocess.Popen] = []
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     code, deadline = 0, None
     try:
+        for cmd in torchrun_commands(nnodes, nproc_per_node, args, free_port()):
+            procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
         while any(p.poll() is None for p in procs):
             if deadline is not None and time.monotonic() > deadline:
                 break
@@ -82,9 +87,29 @@ def run_local(
                     )
             time.sleep(0.2)
         code = code or next((p.returncode for p in procs if p.returncode), 0)
+    except Stopped as stop:
+        print(f"[abtrain.launch] {stop}: stopping every node", file=sys.stderr, flush=True)
+        code = 128 + stop.signum
     finally:
+        for sig in STOP_SIGNALS:  # a second signal must not cut the stopping short
+            signal.signal(sig, signal.SIG_IGN)
         _stop(procs)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return code
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"got {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:

@@ -77,8 +77,8 @@ class LowRankLayer(nn.Module):
 
     def merge(self) -> None:
         """Back to full rank: W = A·B, factors kept (their shapes tell the last rank)."""
-        with torch.no_grad():
-            self.weight.copy_((self.a @ self.b).view_as(self.weight))
+        with torch.no_grad():  # the product in float32 whatever the parameters' dtype
+            self.weight.copy_((self.a.float() @ self.b.float()).view_as(self.weight))
         self.factorized = False
         self.weight.requires_grad_(True)
         self.a.requires_grad_(False)

@@ -1,19 +1,48 @@
-"""Traffic without training: the ledger's rules applied analytically.
+"""Traffic and storage without training: the ledger's rules applied analytically.
 
 From a config (model, schedule, method), a node count and ranks per node, predict the
 inter-node bytes each rank sends, in total and per step, for the ring/chain wire model of
-`abtrain.ledger`. The ranks of the factorised layers are what training decides; the
-planner takes them as an assumption: a fraction of each layer's full rank (`keep`).
+`abtrain.ledger`; and what the run keeps (`footprint`): model and optimizer memory per
+GPU, checkpoint bytes and disk, ledger and log records. The ranks of the factorised layers
+are what training decides; the planner takes them as an assumption: a fraction of each
+layer's full rank (`keep`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from abtrain import lowrank, models, schedule
-from abtrain.config import Config
+from abtrain.config import AB_METHODS, Config
+from abtrain.ledger import STEP_TABLE_BYTES
+
+# What torch.save adds per tensor (zip entry, 64-byte alignment, pickled key and rebuild
+# call: 240-320 B measured for short keys), and per file.
+TENSOR_OVERHEAD = 300
+FILE_OVERHEAD = 1_300
+# Each rank's small state, as measured inside a checkpoint file: torch's CPU generator
+# (5,056 B) and python's `random` state (9.1 KB together), the CUDA generator's 16 B, the
+# ledger's totals (1.5 KB) and the loop's time accounts (~0.6 KB).
+RNG_BYTES = 9_200
+LEDGER_TOTALS_BYTES = 1_500
+TIMES_BYTES = 600
+# Rows as the redesigned ledger writes them.
+AGGREGATE_ROW_BYTES = 60  # ledger.csv: one row per (step, phase, op)
+TRAIN_LOG_ROW_BYTES = 50  # train_log.csv: one row per step
+COLLECTIVE_ROW_BYTES = 250  # optional per-collective JSON rows: one per collective per rank
+# The run record every rank's file carries: evaluations, factorisations (their ranks).
+EVAL_RECORD_BYTES = 100
+RANK_RECORD_BYTES = 24  # a layer's rank in one factorisation
+FACTORIZATION_BYTES = 40
+# A rank's ledger in memory: one table of STEP_TABLE_BYTES per step since the last flush
+# (each checkpoint), with the tensor's and its dict entry's own overhead.
+PENDING_STEP_OVERHEAD = 300
+# Per-collective rows (if switched on) wait in memory until the flush as dicts (~1 KB).
+ROW_MEMORY = 1_000
 
 
 @dataclass
@@ -24,6 +53,70 @@ class Plan:
     @property
     def per_step(self) -> float:
         return self.inter_bytes / self.steps
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Bytes (fp32) of a model's parts; the factors at the assumed `keep`."""
+
+    params: int  # parameter count, full rank
+    full: int  # every parameter
+    shared: int  # parameters never factorised (biases, norms, tokens, full-rank layers)
+    a: int  # the factors A of every factorised layer at `keep`
+    b: int  # the factors B
+    layers: int  # factorised layers
+    buffers: int  # every buffer (BatchNorm's running stats and counters)
+    buffer_tensors: int
+    float_buffers: int  # how many are floating point (the sync averages them)
+    tensors_full: int  # parameter tensors of the full-rank model
+    tensors_shared: int  # of them, the ones never factorised
+
+    @property
+    def weights(self) -> int:
+        """The factorised layers' W."""
+        return self.full - self.shared
+
+    def trained(self, role: str) -> int:
+        """Bytes a rank of role 'a' or 'b' trains in an AB phase: its factor + shared."""
+        return (self.a if role == "a" else self.b) + self.shared
+
+
+_SIZES: dict[tuple, Sizes] = {}
+
+
+def sizes(cfg: Config, classes: int, keep: float = 1.0) -> Sizes:
+    """The model's sizes, built on the meta device (no memory, no init cost)."""
+    features = getattr(cfg.data, "features", 0)
+    layers_key = tuple(cfg.ab.full_rank_layers) if cfg.ab.full_rank_layers is not None else None
+    key = (cfg.model.model_dump_json(), classes, features, layers_key, keep)
+    if key in _SIZES:
+        return _SIZES[key]
+    with torch.device("meta"):
+        model = models.build(cfg, classes, features)
+    params = list(model.parameters())
+    full = 4 * sum(p.numel() for p in params)
+    layers = lowrank.convert(model, cfg.ab.full_rank_layers)
+    weights = {id(layer.weight) for layer in layers.values()}
+    a = b = 0
+    for layer in layers.values():
+        rows, cols = layer.weight.shape[0], layer.weight[0].numel()
+        k = max(1, round(keep * min(rows, cols)))
+        a, b = a + 4 * rows * k, b + 4 * k * cols
+    out = Sizes(
+        params=sum(p.numel() for p in params),
+        full=full,
+        shared=full - 4 * sum(layer.weight.numel() for layer in layers.values()),
+        a=a,
+        b=b,
+        layers=len(layers),
+        buffers=sum(t.numel() * t.element_size() for t in model.buffers()),
+        buffer_tensors=len(list(model.buffers())),
+        float_buffers=sum(t.is_floating_point() for t in model.buffers()),
+        tensors_full=len(params),
+        tensors_shared=sum(id(p) not in weights for p in params),
+    )
+    _SIZES[key] = out
+    return out
 
 
 def ring_inter(size: float, nodes: int, ranks: int) -> float:
@@ -50,25 +143,30 @@ def count_evaluations(cfg: Config) -> int:
     return count
 
 
+def checkpoint_steps(cfg: Config) -> list[int]:
+    """Step counts at which the trainer checkpoints: every checkpoint_every, and the end."""
+    every = cfg.checkpoint_every
+    return [*(range(every, cfg.steps, every) if every else ()), cfg.steps]
+
+
 def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float = 1.0) -> Plan:
     n = nodes * ranks_per_node
-    with torch.device("meta"):
-        model = models.build(cfg, classes, getattr(cfg.data, "features", 0))
-    full = 4 * sum(p.numel() for p in model.parameters())
+    s = sizes(cfg, classes, keep)
+    full = s.full
     inter = 3 * 8 * nodes / n if nodes > 1 else 0.0  # node map (all-gather, ring)
     inter += chain_inter(8, nodes, n) + chain_inter(full, nodes, n)  # tracking flag, first wrap
     evals = count_evaluations(cfg)
     inter += evals * ring_inter(32, nodes, n)
-    ckpts = (
-        len(range(cfg.checkpoint_every, cfg.steps, cfg.checkpoint_every))
-        if cfg.checkpoint_every
-        else 0
-    ) + 1
-    inter += ckpts * ring_inter(8, nodes, n)
+    inter += len(checkpoint_steps(cfg)) * ring_inter(8, nodes, n)
+    # the ledger's per-step tables, summed over the world at each checkpoint: steps 0 to
+    # the end (the collectives after the last step are keyed to step `steps`)
+    inter += ring_inter((cfg.steps + 1) * STEP_TABLE_BYTES, nodes, n)
     kinds = [schedule.phase_at(t, cfg).kind for t in range(cfg.steps)]
     if cfg.method == "ddp":
         return Plan(inter + cfg.steps * ring_inter(full, nodes, n), cfg.steps)
     if cfg.method == "powersgd":
+        with torch.device("meta"):
+            model = models.build(cfg, classes, getattr(cfg.data, "features", 0))
         r, compressed = cfg.powersgd.rank, 0
         for p in model.parameters():
             rows, cols = p.shape[0], p.numel() // p.shape[0]
@@ -81,19 +179,269 @@ def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float
             + (cfg.steps - start) * ring_inter(4 * compressed, nodes, n),
             cfg.steps,
         )
-    layers = lowrank.convert(model, cfg.ab.full_rank_layers)
-    shared = full - 4 * sum(layer.weight.numel() for layer in layers.values())
-    a_bytes = b_bytes = 0
-    for layer in layers.values():
-        rows, cols = layer.weight.shape[0], layer.weight[0].numel()
-        k = max(1, round(keep * min(rows, cols)))
-        a_bytes, b_bytes = a_bytes + 4 * rows * k, b_bytes + 4 * k * cols
     inter += kinds.count("warmup") * ring_inter(full, nodes, n)
     inter += kinds.count("rebound") * ring_inter(full, nodes, n)
     cycles = len({schedule.phase_at(t, cfg).cycle for t in range(cfg.steps) if kinds[t] == "ab"})
-    inter += cycles * ring_inter(8 * len(layers), nodes, n)  # agreeing on k
+    inter += cycles * ring_inter(8 * s.layers, nodes, n)  # agreeing on k
     if cfg.method == "ab_nogroups":
-        inter += kinds.count("ab") * ring_inter(b_bytes + shared, nodes, n)
+        inter += kinds.count("ab") * ring_inter(s.b + s.shared, nodes, n)
     else:  # groups are nodes (or single ranks): nothing crosses inside an AB phase
-        inter += cycles * ring_inter(a_bytes + b_bytes + 3 * shared, nodes, n)
+        inter += cycles * ring_inter(s.a + s.b + 3 * s.shared, nodes, n)
     return Plan(inter, cfg.steps)
+
+
+# ---------------------------------------------------------------- what the run keeps
+@dataclass
+class Footprint:
+    """What a run keeps in memory and on disk; bytes unless named otherwise."""
+
+    memory: dict[str, dict[str, int]]  # per GPU, by phase: params, grads, ... total
+    checkpoint: dict[str, Any]
+    ledger: dict[str, Any]
+
+
+def ab_groups(cfg: Config, world: int, ranks_per_node: int) -> list[tuple[list[int], str]]:
+    """The A/B groups the trainer forms ([] for methods without AB phases)."""
+    from abtrain import groups
+    from abtrain.config import check_world
+
+    if cfg.method not in AB_METHODS:
+        return []
+    size = check_world(cfg, world, ranks_per_node)
+    return groups.plan(world, size, all_train_b=cfg.method == "ab_nogroups")
+
+
+def _file(params: int, param_tensors: int, trained: int, trained_tensors: int) -> int:
+    """A torch.save'd model state and AdamW state (exp_avg, exp_avg_sq and a 0-d step
+    for each parameter it trained)."""
+    moments = 2 * trained + 4 * trained_tensors
+    overhead = TENSOR_OVERHEAD * (param_tensors + 3 * trained_tensors) + FILE_OVERHEAD
+    return params + moments + overhead
+
+
+def replica_bytes(s: Sizes) -> int:
+    """The full-rank model's replica: parameters and two moments, three times its bytes."""
+    return _file(s.full, s.tensors_full, s.full, s.tensors_full)
+
+
+def saved_replica_bytes(s: Sizes, phase: str, role: str, carry: bool) -> int:
+    """One replica's file as the trainer writes it: the model's whole state_dict and the
+    writer's whole AdamW state. A factorised layer keeps W (frozen) in AB phases and A,
+    B (for their shapes) after; with ab.optimizer_state=carry the moments of W, and of the
+    factor the writer (of role `role`) trained, stay in AdamW's state. `phase`: 'full'
+    (before any factorisation), 'ab', or 'rebound' (full rank after one)."""
+    if phase == "full":
+        return replica_bytes(s)
+    params, tensors = s.full + s.a + s.b, s.tensors_full + 2 * s.layers
+    factor = s.a if role == "a" else s.b
+    if phase == "ab":
+        trained = s.trained(role) + (s.weights if carry else 0)
+        count = s.layers + s.tensors_shared + (s.layers if carry else 0)
+    else:
+        trained = s.full + (factor if carry else 0)
+        count = s.tensors_full + (s.layers if carry else 0)
+    return _file(params, tensors, trained, count)
+
+
+def rank_state_bytes(s: Sizes, evals: int = 0, factorizations: int = 0, cuda: bool = True) -> int:
+    """The small file every rank saves: its buffers (BatchNorm statistics differ between
+    ranks), RNG states, the ledger's totals, and the run record so far."""
+    return (
+        s.buffers
+        + TENSOR_OVERHEAD * s.buffer_tensors
+        + RNG_BYTES
+        + (16 + TENSOR_OVERHEAD if cuda else 0)
+        + LEDGER_TOTALS_BYTES
+        + TIMES_BYTES
+        + EVAL_RECORD_BYTES * evals
+        + factorizations * (RANK_RECORD_BYTES * s.layers + FACTORIZATION_BYTES)
+        + FILE_OVERHEAD
+    )
+
+
+def _buckets(nbytes: int, cfg: Config) -> int:
+    """DDP gradient buckets of `nbytes` (bucket_cap_mb is in MiB, as DDP reads it)."""
+    if cfg.method == "powersgd" and cfg.dist.backend == "gloo":
+        return 1  # the trainer's single bucket for PowerSGD on gloo
+    return max(1, math.ceil(nbytes / (cfg.dist.bucket_cap_mb * 2**20)))
+
+
+def ledger_calls(
+    cfg: Config, s: Sizes, groups_: list[tuple[list[int], str]], world: int
+) -> dict[tuple[int, str, str], int]:
+    """The trainer's loop walked without training: collectives summed over ranks for each
+    (step, phase, op), as ledger.csv counts them. Its keys are ledger.csv's rows; the sum
+    of its values is the number of per-collective rows (ledger.jsonl)."""
+    calls: dict[tuple[int, str, str], int] = {}
+
+    def add(step: int, phase: str, op: str, count: int = world) -> None:
+        calls[step, phase, op] = calls.get((step, phase, op), 0) + count
+
+    def checkpoint(step: int) -> None:
+        add(step, "checkpoint", "all_reduce", 2 * world)  # saved/stop flag; the ledger's flush
+
+    roles = [role for ranks, role in groups_ for _ in ranks]
+    full_buckets = _buckets(s.full, cfg)
+    ab_buckets = sum(_buckets(s.trained(r), cfg) for r in roles)
+
+    def sync(step: int) -> None:
+        if len(groups_) == 1:  # one group trained by DDP: only float buffers differ
+            if s.float_buffers:
+                add(step, "sync", "all_reduce")
+        elif cfg.ab.sync_mode == "with_stale":
+            add(step, "sync", "all_reduce")
+        else:  # learners' all-reduce and the rest over the world; A and B shared
+            add(step, "sync", "all_reduce", 2 * world)
+            add(step, "sync", "broadcast", 2 * world)
+
+    add(0, "setup", "all_gather")  # the node map
+    add(0, "setup", "broadcast")  # whether tracking could start
+    prev, pending = None, False
+    for t in range(cfg.steps):
+        phase = schedule.phase_at(t, cfg)
+        if phase != prev:
+            if prev is not None and prev.low_rank:
+                sync(t)
+            if phase.low_rank:
+                add(t, "factorize", "all_reduce")
+            if prev is None:
+                add(t, phase.kind, "broadcast")  # the first wrap: rank 0's state
+            prev = phase
+        if pending and not phase.low_rank:
+            add(t, "eval", "all_reduce")
+            pending = False
+        if phase.low_rank:
+            add(t, phase.kind, "all_reduce", ab_buckets)
+        elif cfg.method == "powersgd" and t >= cfg.powersgd.start_iter:
+            add(t, phase.kind, "all_reduce", 3 * full_buckets * world)  # the rest, P, Q
+        else:
+            add(t, phase.kind, "all_reduce", full_buckets * world)
+        pending |= (t + 1) % cfg.eval_every == 0
+        if cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0 and t + 1 < cfg.steps:
+            checkpoint(t)
+    end = cfg.steps  # what follows the last step is keyed to the step after it
+    if prev.low_rank:
+        sync(end)  # the run ends merged
+    add(end, "eval", "all_reduce")
+    checkpoint(end)
+    return calls
+
+
+def _ledger(calls: dict[tuple[int, str, str], int], cfg: Config, world: int) -> dict[str, Any]:
+    per_step: dict[int, int] = {}
+    for step, _, _ in calls:
+        per_step[step] = per_step.get(step, 0) + 1
+    collectives = sum(calls.values())
+    # steps between flushes: checkpoint_every, or the whole run when only the end checkpoints
+    window = min(cfg.checkpoint_every or cfg.steps + 1, cfg.steps + 1)
+    return dict(
+        rows=len(calls),
+        rows_per_step_max=max(per_step.values()),
+        csv_bytes=AGGREGATE_ROW_BYTES * len(calls),
+        train_log_rows=cfg.steps,
+        train_log_bytes=TRAIN_LOG_ROW_BYTES * cfg.steps,
+        # every rank's (rank 0's too): the tables of the steps since the last flush, the
+        # same at step 10 and at 90,000; the flush all-reduces them (window x table)
+        memory_bytes_per_rank=window * (STEP_TABLE_BYTES + PENDING_STEP_OVERHEAD),
+        flush_bytes=window * STEP_TABLE_BYTES,
+        # only if per-collective rows are switched on (tracking.ledger_rows): in all, and
+        # what one rank holds until a flush
+        per_collective_rows=collectives,
+        per_collective_bytes=COLLECTIVE_ROW_BYTES * collectives,
+        per_collective_memory_bytes_per_rank=ROW_MEMORY
+        * collectives
+        * window
+        // cfg.steps
+        // world,
+    )
+
+
+def _memory(cfg: Config, s: Sizes, roles: set[str]) -> dict[str, dict[str, int]]:
+    """Model and optimizer bytes per GPU as the trainer holds them (activations, autocast
+    copies and optimizer temporaries not included): fp32 parameters, gradients, DDP's
+    bucket buffers (a second copy of the gradients: gradient_as_bucket_view is off) and
+    AdamW's two moments. A factorised layer keeps W, frozen, through its AB phases, and A
+    and B (their shapes tell the last rank) through the full-rank phases after; with
+    ab.optimizer_state=carry the moments of W, and of the factor a rank trained, stay too.
+    """
+
+    def entry(params: int, grads: int, moments: int, extra: int = 0) -> dict[str, int]:
+        out = dict(params=params, grads=grads, ddp_buckets=grads, moments=moments)
+        if extra:
+            out["powersgd_error"] = extra
+        out["total"] = sum(out.values())
+        return out
+
+    error = s.full if cfg.method == "powersgd" and cfg.powersgd.error_feedback else 0
+    out = {"full": entry(s.full, s.full, 2 * s.full, error)}
+    if not roles:
+        return out
+    carry = cfg.ab.optimizer_state == "carry"
+
+    def worst(entries: list[dict[str, int]]) -> dict[str, int]:
+        return max(entries, key=lambda e: e["total"])
+
+    factor = {"a": s.a, "b": s.b}
+    out["ab"] = worst(
+        [
+            entry(
+                s.full + s.a + s.b,
+                s.trained(r),
+                2 * s.trained(r) + (2 * s.weights if carry else 0),
+            )
+            for r in roles
+        ]
+    )
+    out["rebound"] = worst(
+        [
+            entry(s.full + s.a + s.b, s.full, 2 * s.full + (2 * factor[r] if carry else 0))
+            for r in roles
+        ]
+    )
+    return out
+
+
+def footprint(
+    cfg: Config,
+    nodes: int,
+    ranks_per_node: int,
+    classes: int,
+    keep: float = 1.0,
+    cuda: bool = True,
+) -> Footprint:
+    """Memory per GPU, checkpoint bytes and disk, ledger and log records of one run.
+
+    Checkpoints as the trainer writes them: one replica per distinct state (one until
+    the first factorisation; then one per A/B group, in every phase, since each group's
+    factors keep AdamW moments of their own) plus every rank's small state;
+    `keep_checkpoints` of them on disk, sized by the worst phase.
+    """
+    world = nodes * ranks_per_node
+    s = sizes(cfg, classes, keep)
+    groups_ = ab_groups(cfg, world, ranks_per_node)
+    roles = {role for _, role in groups_}
+    carry = cfg.ab.optimizer_state == "carry"
+    at = checkpoint_steps(cfg)
+    cycles = len({p.cycle for t in range(cfg.steps) if (p := schedule.phase_at(t, cfg)).low_rank})
+    # the last checkpoint's run record is the largest: every evaluation and factorisation
+    small = world * rank_state_bytes(s, count_evaluations(cfg), cycles, cuda)
+    kept = min(cfg.keep_checkpoints, len(at))
+    by_phase = {"full": replica_bytes(s) + small}
+    for phase in ("ab", "rebound") if groups_ else ():
+        by_phase[phase] = small + sum(saved_replica_bytes(s, phase, r, carry) for _, r in groups_)
+    worst = max(by_phase.values())
+    checkpoint = dict(
+        replicas=len(groups_) or 1,
+        bytes_by_phase=by_phase,
+        bytes=worst,
+        count=len(at),
+        # the last is always merged; the others fall where the schedule puts them
+        in_ab_phase=sum(schedule.phase_at(t - 1, cfg).low_rank for t in at[:-1]),
+        kept=kept,
+        disk_bytes=kept * worst,
+    )
+    return Footprint(
+        memory=_memory(cfg, s, roles),
+        checkpoint=checkpoint,
+        ledger=_ledger(ledger_calls(cfg, s, groups_, world), cfg, world),
+    )

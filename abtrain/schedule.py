@@ -25,13 +25,37 @@ class Phase:
 
 
 def phase_at(step: int, cfg: Config) -> Phase:
+    return _phase_and_start(step, cfg)[0]
+
+
+def _phase_and_start(step: int, cfg: Config) -> tuple[Phase, int]:
+    """The phase of `step` and the step it began at.
+
+    `algorithm1` (the paper's): cycles of `ab_steps` AB then `rebound_steps` full-rank steps
+    from the end of the warm-up. `authors` (their code, c3dbc10): a sync at every multiple
+    of the period S = ab_steps + rebound_steps, each followed by `rebound_steps` full-rank
+    steps; the first AB phase runs from the warm-up's end to the first multiple after it.
+    """
     if cfg.method not in AB_METHODS:
-        return Phase("full")
+        return Phase("full"), 0
     ab = cfg.ab
     if step < ab.warmup_steps:
-        return Phase("warmup")
-    cycle, within = divmod(step - ab.warmup_steps, ab.ab_steps + ab.rebound_steps)
-    return Phase("ab" if within < ab.ab_steps else "rebound", cycle)
+        return Phase("warmup"), 0
+    period = ab.ab_steps + ab.rebound_steps
+    if ab.phase_rule == "algorithm1":
+        cycle, within = divmod(step - ab.warmup_steps, period)
+        start = ab.warmup_steps + cycle * period
+        if within < ab.ab_steps:
+            return Phase("ab", cycle), start
+        return Phase("rebound", cycle), start + ab.ab_steps
+    first_sync = (ab.warmup_steps // period + 1) * period
+    if step < first_sync:
+        return Phase("ab", 0), ab.warmup_steps
+    cycle, within = divmod(step - first_sync, period)
+    start = first_sync + cycle * period
+    if within < ab.rebound_steps:
+        return Phase("rebound", cycle), start
+    return Phase("ab", cycle + 1), start + ab.rebound_steps
 
 
 def phases(cfg: Config) -> list[tuple[int, Phase]]:
@@ -48,10 +72,7 @@ def last_change(step: int, cfg: Config) -> int | None:
     """The latest step <= `step` at which the representation changed (None: not yet)."""
     if cfg.method not in AB_METHODS or step < cfg.ab.warmup_steps:
         return None
-    ab = cfg.ab
-    phase = phase_at(step, cfg)
-    start = ab.warmup_steps + phase.cycle * (ab.ab_steps + ab.rebound_steps)
-    return start if phase.low_rank else start + ab.ab_steps
+    return _phase_and_start(step, cfg)[1]
 
 
 def scheduled_lr(step: int, cfg: Config) -> float:

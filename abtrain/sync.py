@@ -30,8 +30,9 @@ def factorize(
     has the same shapes even where σ differ.
     """
     svds = [lowrank.svd(layer.weight) for layer in layers.values()]
-    device = next(iter(layers.values())).weight.device
-    ks = torch.tensor([lowrank.keep_rank(s, sigma_cutoff) for _, s, _ in svds], device=device)
+    # lowrank.keep_rank for every layer, counted where σ lives: on a GPU one copy to the
+    # host for all layers (the tolist below), not one wait per layer and a copy back
+    ks = torch.stack([(s > sigma_cutoff * s[0]).sum() for _, s, _ in svds]).clamp_(min=1)
     ledger.all_reduce(ks, op=dist.ReduceOp.MAX)
     for layer, (u, s, vh), k in zip(layers.values(), svds, ks.tolist()):
         a, b = lowrank.split(u, s, vh, k)

@@ -19,11 +19,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import filelock
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -32,10 +33,12 @@ from torch.nn.parallel import DistributedDataParallel
 from abtrain import checkpoint, groups, ledger, lowrank, methods, models, schedule, sync
 from abtrain.config import Config, check_world
 from abtrain.data import StepSampler, make_task
+from abtrain.runstate import RunState
 from abtrain.schedule import PHASE_IDS, Phase
 from abtrain.tracking import Tracker, TrackingError, git_commit
 
 DONE = Phase("done")
+TRAIN_LOG_HEADER = "step,loss,lr,phase,seconds,data_seconds"
 
 
 class TrainingDiverged(RuntimeError):
@@ -98,7 +101,9 @@ class Trainer:
                 timeout=timedelta(seconds=cfg.dist.timeout_s),
             )
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.ledger = ledger.Ledger(self.rank, self._node_map())
+        self.ledger = ledger.Ledger(
+            self.rank, self._node_map(), self.out, cfg.tracking.ledger_rows, self.device
+        )
         self.ledger.record("all_gather", 8, None)  # the node map itself
         self.tracker = self._open_tracking()
 
@@ -124,15 +129,9 @@ class Trainer:
             signal.signal(signal.SIGUSR1, self._on_stop_signal)
 
         self.ddp: DistributedDataParallel | None = None
-        self.phase: Phase | None = None  # the representation the model is in now
-        self.step = 0
+        self.state = RunState()
         self.fresh = True  # no wrap yet: the first one broadcasts rank 0's state
-        self.pending_eval = False
-        self.train_log: list[dict[str, Any]] = []
-        self.evals: list[dict[str, Any]] = []
-        self.factorizations: list[dict[str, Any]] = []
-        self.elapsed = 0.0
-        self.window: list[tuple[float, float]] = []  # (loss, top1) since the last evaluation
+        self.train_log: list[str] = []  # train_log.csv lines since the last checkpoint
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> dict[str, Any]:
@@ -159,41 +158,41 @@ class Trainer:
     def _loop(self) -> Iterator[dict[str, Any]]:
         self._resume()
         self._start_tracking()
-        started = time.time() - self.elapsed
+        started = time.time() - self.state.elapsed
         bar = self._progress_bar()
-        while self.step < self.cfg.steps:
-            self.ledger.step = self.step
-            t0 = time.perf_counter()
-            self._enter(schedule.phase_at(self.step, self.cfg))
-            self._enter_seconds = time.perf_counter() - t0  # SVDs, syncs, re-wrapping
-            if self.pending_eval and not self.phase.low_rank:
+        batches = self.task.train_batches(self.sampler, self.state.step, self.cfg.steps)
+        while self.state.step < self.cfg.steps:
+            self.ledger.step = self.state.step
+            self._enter(schedule.phase_at(self.state.step, self.cfg))
+            if self.state.pending_eval and not self.state.phase.low_rank:
                 yield self._evaluate()
-            self._train_step()
-            self.step += 1
+            self._train_step(batches)
+            self.state.step += 1
             bar.set_postfix_str(self._status, refresh=False)
             bar.update(1)
-            self.pending_eval |= self.step % self.cfg.eval_every == 0
-            self.elapsed = time.time() - started
-            if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
-                if self.step < self.cfg.steps:
+            self.state.pending_eval |= self.state.step % self.cfg.eval_every == 0
+            self.state.elapsed = time.time() - started
+            if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
+                if self.state.step < self.cfg.steps:
                     self._checkpoint()
-        if self.phase != DONE:
+        self.ledger.step = self.state.step  # what follows belongs after the last step
+        if self.state.phase != DONE:
             self._enter(DONE)  # a run never ends with divergent replicas
             yield self._evaluate()
-            self.elapsed = time.time() - started
+            self.state.elapsed = time.time() - started
             self._checkpoint()
         bar.close()
         self.summary = self._finish()
 
     def _enter(self, phase: Phase) -> None:
         """Move the model into `phase`'s representation; re-wrap DDP where needed."""
-        if phase == self.phase:
+        if phase == self.state.phase:
             if self.ddp is None:
                 self._wrap(init_sync=False)
             return
-        prev, self.phase = self.phase, phase
+        prev, self.state.phase = self.state.phase, phase
         if prev is not None and prev.low_rank:  # Algorithm 1, lines 18-21
-            self.ledger.phase = "sync"
+            t0, self.ledger.phase = self._now(), "sync"
             moments = [
                 state[key]
                 for p in sync.shared_params(self.model, self.layers)
@@ -204,23 +203,28 @@ class Trainer:
                 self.model, self.layers, self.groups, self.cfg.ab.sync_mode, self.ledger, moments
             )
             sync.merge(self.layers)
+            self.state.add_time("comm", self._now() - t0)
         if phase.low_rank:  # lines 10-14
-            self.ledger.phase = "factorize"
+            t0, self.ledger.phase = self._now(), "factorize"
             self._factorize()
+            self.state.add_time("svd", self._now() - t0)
         if prev is not None:
             self._adapt_optimizer_state()
         self.ledger.phase = phase.kind
         if phase != DONE:
             self._wrap(init_sync=self.fresh)
-        self._log(f"step {self.step}: enter {phase.kind} phase")
+        self._log(f"step {self.state.step}: enter {phase.kind} phase")
 
-    def _train_step(self) -> None:
-        cfg, t0 = self.cfg, time.perf_counter()
+    def _train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        cfg, run = self.cfg, self.state
         self._fail_if_asked()
-        lr = schedule.lr_at(self.step, cfg)
+        lr = schedule.lr_at(run.step, cfg)
         for g in self.opt.param_groups:
             g["lr"] = lr
-        x, y = (t.to(self.device) for t in self.task.train_batch(self.sampler, self.step))
+        t0 = time.perf_counter()
+        x, y = next(batches)  # decoded ahead by the loader's workers
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        t1 = time.perf_counter()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
             logits = self.ddp(x)
         loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.optim.label_smoothing)
@@ -230,44 +234,55 @@ class Trainer:
             trainable = [p for p in self.model.parameters() if p.requires_grad]
             torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.max_grad_norm)
         self.opt.step()
-        seconds = time.perf_counter() - t0 + self._enter_seconds
-        entry = dict(
-            step=self.step, loss=loss.item(), lr=lr, phase=self.phase.kind, seconds=seconds
-        )
-        self.train_log.append(entry)
+        loss_value = loss.item()  # waits for the device: the step's time ends here
+        t2 = time.perf_counter()
+        waited = min(self.ledger.exposed_allreduce_seconds(), t2 - t1)
+        run.add_time("data", t1 - t0)
+        run.add_time("compute", t2 - t1 - waited)
+        run.add_time("comm", waited)
+        run.times[run.phase.kind]["steps"] += 1
         top1 = (logits.argmax(1) == y).float().mean().item() * 100
-        self.window.append((entry["loss"], top1))
+        run.window = [run.window[0] + loss_value, run.window[1] + top1, run.window[2] + 1]
+        run.last_loss = loss_value
+        self.train_log.append(
+            f"{run.step},{loss_value:.6g},{lr:.6g},{run.phase.kind},{t2 - t0:.4f},{t1 - t0:.4f}"
+        )
         sent = self.ledger.sent
-        if self.step % cfg.tracking.log_every == 0:
+        if run.step % cfg.tracking.log_every == 0:
             self.tracker.metrics(
-                self.step,
+                run.step,
                 dict(
-                    loss=entry["loss"],
+                    loss=loss_value,
                     lr=lr,
-                    phase=PHASE_IDS[self.phase.kind],
+                    phase=PHASE_IDS[run.phase.kind],
                     inter_node_bytes=sent["inter"],
                     intra_node_bytes=sent["intra"],
                 ),
             )
+        share = run.time_summary()["share"]
         self._status = (
-            f"{self.phase.kind} loss {entry['loss']:.3f} lr {lr:.1e} "
-            f"inter-node {sent['inter'] / 1e6:.1f} MB/rank"
+            f"{run.phase.kind} loss {loss_value:.3f} lr {lr:.1e} "
+            f"inter-node {sent['inter'] / 1e6:.1f} MB/rank | time: data {share['data']:.0%} "
+            f"comm {share['comm']:.0%} svd {share['svd']:.0%}"
         )
         every = max(1, cfg.steps // 20)
-        if not self._tty and (self.step % every == 0 or self.step == cfg.steps - 1):
-            self._log(f"step {self.step:>6} {self._status}")
+        if not self._tty and (run.step % every == 0 or run.step == cfg.steps - 1):
+            self._log(f"step {run.step:>6} {self._status}")
 
     # ---------------------------------------------------------------- the AB pieces
     def _factorize(self) -> None:
         ranks = sync.factorize(self.layers, self.cfg.ab.sigma_cutoff, self.groups.role, self.ledger)
         ratio = lowrank.compression_ratio(self.model)
-        self.factorizations.append(dict(step=self.step, compression_ratio=ratio, ranks=ranks))
+        self.state.factorizations.append(
+            dict(step=self.state.step, compression_ratio=ratio, ranks=ranks)
+        )
         self.tracker.metrics(
-            self.step, {"compression_ratio": ratio, **{f"rank/{n}": k for n, k in ranks.items()}}
+            self.state.step,
+            {"compression_ratio": ratio, **{f"rank/{n}": k for n, k in ranks.items()}},
         )
         k = list(ranks.values())
         self._log(
-            f"step {self.step}: factorised {len(k)} layers, ranks {min(k)}-{max(k)}, "
+            f"step {self.state.step}: factorised {len(k)} layers, ranks {min(k)}-{max(k)}, "
             f"compression {ratio:.2f}:1"
         )
 
@@ -288,9 +303,9 @@ class Trainer:
 
     def _wrap(self, init_sync: bool) -> None:
         """DDP over this phase's group: the world, or this rank's A/B group."""
-        self.ddp = None
+        t0, self.ddp = self._now(), None
         gc.collect()  # the old wrapper's reducer must drop its autograd hooks first
-        group = self.groups.group if self.phase.low_rank else None
+        group = self.groups.group if self.state.phase.low_rank else None
         if init_sync:
             state = [p for p in self.model.parameters()] + list(self.model.buffers())
             size = sum(t.numel() * t.element_size() for t in state)
@@ -305,16 +320,17 @@ class Trainer:
         )
         self.ddp.register_comm_hook(*self.method.comm_hook(self.cfg, self.ledger, group))
         self.fresh = False
+        self.state.add_time("wrap", self._now() - t0)
 
     # ---------------------------------------------------------------- evaluation
     @torch.no_grad()
     def _evaluate(self) -> dict[str, Any]:
         """Loss, top-1 and top-5 of the one merged model, each rank on its shard."""
-        self.ledger.phase, phase = "eval", self.ledger.phase
+        t0, self.ledger.phase, phase = self._now(), "eval", self.ledger.phase
         self.model.eval()
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, top1, top5, n
         for x, y in self.task.val_batches(self.rank, self.world, 4 * self.cfg.batch_size):
-            x, y = x.to(self.device), y.to(self.device)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
                 logits = self.model(x).float()
             top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
@@ -327,29 +343,41 @@ class Trainer:
         self.ledger.phase = phase
         loss, top1, top5, n = sums.tolist()
         result = dict(
-            step=self.step,
+            step=self.state.step,
             val_loss=loss / n,
             val_top1=100 * top1 / n,
             val_top5=100 * top5 / n,
-            seconds=self.elapsed,  # training time so far, for time-to-accuracy
+            seconds=self.state.elapsed,  # training time so far, for time-to-accuracy
         )
-        if self.window:
-            result["train_loss"] = sum(w[0] for w in self.window) / len(self.window)
-            result["train_top1"] = sum(w[1] for w in self.window) / len(self.window)
-        self.window = []
-        last = self.factorizations[-1]["compression_ratio"] if self.factorizations else 1.0
-        self.evals.append(result)
+        loss_sum, top1_sum, n_steps = self.state.window
+        if n_steps:
+            result["train_loss"], result["train_top1"] = loss_sum / n_steps, top1_sum / n_steps
+        self.state.window = [0.0, 0.0, 0.0]
+        last = (
+            self.state.factorizations[-1]["compression_ratio"] if self.state.factorizations else 1.0
+        )
+        self.state.evals.append(result)
+        self.state.add_time("eval", self._now() - t0)
+        times = self.state.time_summary()["share"]
         self.tracker.metrics(
-            self.step, {**result, "compression_ratio": last, "epoch": len(self.evals)}
+            self.state.step,
+            {
+                **result,
+                "compression_ratio": last,
+                "epoch": len(self.state.evals),
+                **{f"time_share/{part}": v for part, v in times.items()},
+            },
         )
         self.tracker.flush()
-        self.pending_eval = False
+        self.state.pending_eval = False
         self._log(
-            f"step {self.step}: val loss {result['val_loss']:.4f} "
+            f"step {self.state.step}: val loss {result['val_loss']:.4f} "
             f"top1 {result['val_top1']:.2f}% top5 {result['val_top5']:.2f}%"
         )
         if not math.isfinite(result["val_loss"]):  # all-reduced: every rank stops together
-            raise TrainingDiverged(f"validation loss is {result['val_loss']} at step {self.step}")
+            raise TrainingDiverged(
+                f"validation loss is {result['val_loss']} at step {self.state.step}"
+            )
         return result
 
     # ---------------------------------------------------------------- checkpoints
@@ -358,60 +386,75 @@ class Trainer:
         return self.out / "checkpoints"
 
     def _checkpoint(self) -> None:
-        self.ledger.phase, phase = "checkpoint", self.ledger.phase
+        t0, self.ledger.phase, phase = self._now(), "checkpoint", self.ledger.phase
         # One all-reduce tells that every rank has saved, and whether any must stop now;
         # it is recorded before the snapshot, so a resumed run's ledger has it too.
         self.ledger.record("all_reduce", 8, None)
-        state = dict(
-            step=self.step,
-            phase=asdict(self.phase),
-            pending_eval=self.pending_eval,
-            model=self.model.state_dict(),
+        self._flush_logs()
+        buffers = {n for n, _ in self.model.named_buffers()}
+        model = self.model.state_dict()
+        shared = dict(
+            model={k: v for k, v in model.items() if k not in buffers},
             optim=self.opt.state_dict(),
+        )
+        own = dict(
+            run=self.state.to_dict(),
+            buffers={k: v for k, v in model.items() if k in buffers},
             rng=dict(torch=torch.get_rng_state(), python=random.getstate()),
             ledger=self.ledger.state(),
-            train_log=self.train_log,
-            evals=self.evals,
-            factorizations=self.factorizations,
-            elapsed=self.elapsed,
-            window=self.window,
-            run_id=self.tracker.run_id or "",
         )
+        own["run"]["run_id"] = self.tracker.run_id or ""
         if self.device.type == "cuda":
-            state["rng"]["cuda"] = torch.cuda.get_rng_state(self.device)
-        checkpoint.save_rank(self.ckpt_root, self.step, self.rank, state)
+            own["rng"]["cuda"] = torch.cuda.get_rng_state(self.device)
+        # Ranks that hold one replica write its state once: the world, until the first
+        # factorisation; from then on the A/B group, whose factors' AdamW moments (kept
+        # through full-rank phases for the next AB phase) are its own.
+        group = self.groups.group if self.state.factorizations else None
+        writer = ledger.group_ranks(group)[0]
+        checkpoint.save(self.ckpt_root, self.state.step, self.rank, writer, shared, own)
         stop = torch.tensor([int(self._stop_requested())], device=self.device)
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if self.rank == 0:
-            checkpoint.publish(self.ckpt_root, self.step, self.cfg.keep_checkpoints)
-        if stop.item() and self.step < self.cfg.steps:
+            meta = dict(world_size=self.world, nodes=self._nodes, config=self.cfg.dump())
+            checkpoint.publish(self.ckpt_root, self.state.step, self.cfg.keep_checkpoints, meta)
+        self.state.add_time("checkpoint", self._now() - t0)
+        if stop.item() and self.state.step < self.cfg.steps:
             if self.rank == 0:
-                checkpoint.atomic_write_text(self.out / "REQUEUE", f"{self.step}\n")
-            raise StopForRequeue(f"stopped at the checkpoint of step {self.step} to be requeued")
+                checkpoint.atomic_write_text(self.out / "REQUEUE", f"{self.state.step}\n")
+            raise StopForRequeue(
+                f"stopped at the checkpoint of step {self.state.step} to be requeued"
+            )
         self.ledger.phase = phase
         if self.method.rewrap_at_checkpoint:
             self.ddp = None
 
-    def _check_run_folder(self) -> None:
+    def _flush_logs(self) -> None:
+        """Every rank: the ledger's tables since the last checkpoint; rank 0: the train log."""
+        self.ledger.flush()
+        if self.rank == 0:
+            checkpoint.append_lines(self.out / "train_log.csv", self.train_log, TRAIN_LOG_HEADER)
+        self.train_log = []
+
+    def _refuse_other_config(self, saved: dict[str, Any], where: Path) -> None:
         """A run folder belongs to one config: resuming under another would mix two runs."""
-        saved, mine = self.out / "config.json", self.cfg.dump()
-        if saved.exists():
-            differ = checkpoint.diff_keys(json.loads(saved.read_text()), mine)
-            if differ:
-                raise RuntimeError(
-                    f"{self.out} holds a run with another config ({', '.join(differ)} differ); "
-                    "choose a new --out, or delete the folder to start over"
-                )
-        elif self.rank == 0:
-            checkpoint.atomic_write_text(saved, json.dumps(mine, indent=2))
+        differ = checkpoint.diff_keys(saved, self.cfg.dump())
+        if differ:
+            raise RuntimeError(
+                f"{where} holds a run with another config ({', '.join(differ)} differ); "
+                "choose a new --out, or delete the folder to start over"
+            )
 
     def _resume(self) -> None:
-        self._check_run_folder()
-        step = checkpoint.latest_step(self.ckpt_root)
-        if step is None:
+        saved = self.out / "config.json"
+        if saved.exists():
+            self._refuse_other_config(json.loads(saved.read_text()), self.out)
+        found = self._read_checkpoint()
+        if self.rank == 0 and not saved.exists():
+            checkpoint.atomic_write_text(saved, json.dumps(self.cfg.dump(), indent=2))
+        if found is None:
             return
-        state = checkpoint.load_rank(self.ckpt_root, step, self.rank)
-        sd = state["model"]
+        step, own, shared = found
+        sd = {**shared["model"], **own["buffers"]}
         for name, layer in self.layers.items():  # factors take the saved shapes first
             layer.a.data = torch.empty(
                 sd[f"{name}.a"].shape, dtype=layer.a.dtype, device=self.device
@@ -420,22 +463,59 @@ class Trainer:
                 sd[f"{name}.b"].shape, dtype=layer.b.dtype, device=self.device
             )
         self.model.load_state_dict(sd)
-        self.phase = Phase(**state["phase"])
-        if self.phase.low_rank:
+        self.state = RunState.from_dict(own["run"])
+        if self.state.phase.low_rank:
             for layer in self.layers.values():
                 layer.set_factors(layer.a.data, layer.b.data, self.groups.role)
-        self.opt.load_state_dict(state["optim"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        if "cuda" in state["rng"]:
-            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
-        self.ledger.load_state(state["ledger"])
-        self.step, self.pending_eval = state["step"], state["pending_eval"]
-        self.train_log, self.evals = state["train_log"], state["evals"]
-        self.factorizations, self.elapsed = state["factorizations"], state["elapsed"]
-        self.window, self._resumed_run_id = state["window"], state["run_id"] or None
+        self.opt.load_state_dict(shared["optim"])
+        torch.set_rng_state(own["rng"]["torch"])
+        random.setstate(own["rng"]["python"])
+        if "cuda" in own["rng"]:
+            torch.cuda.set_rng_state(own["rng"]["cuda"], self.device)
+        self.ledger.load_state(own["ledger"])
+        if self.rank == 0:
+            checkpoint.cut_after(self.out / "train_log.csv", step, checkpoint.csv_step, header=True)
+        self._resumed_run_id = self.state.run_id or None
         self.fresh = False
-        self._log(f"resumed from step {step} ({self.phase.kind} phase)")
+        self._log(f"resumed from step {step} ({self.state.phase.kind} phase)")
+
+    def _read_checkpoint(self) -> tuple[int, dict, dict] | None:
+        """The newest checkpoint every rank can read (an unreadable file is named and the
+        one before it tried); None for a new run. Refuses one of another world or config."""
+        candidates = checkpoint.resume_candidates(self.ckpt_root)
+        errors = []
+        for step in candidates:
+            meta = checkpoint.meta(self.ckpt_root, step)
+            where = checkpoint.step_dir(self.ckpt_root, step)
+            if (meta["world_size"], meta["nodes"]) != (self.world, self._nodes):
+                raise RuntimeError(
+                    f"{where} was written by {meta['world_size']} ranks on {meta['nodes']} "
+                    f"nodes, this run has {self.world} on {self._nodes}: resume with the "
+                    "same, or choose a new --out"
+                )
+            self._refuse_other_config(meta["config"], where)
+            try:
+                own, shared, error = *checkpoint.load(self.ckpt_root, step, self.rank), ""
+            except checkpoint.CheckpointError as err:
+                own = shared = None
+                error = str(err)
+                errors.append(error)
+                print(f"[abtrain] rank {self.rank}: {error}", file=sys.stderr, flush=True)
+            # All ranks take the same step or none; not in the ledger, whose state is
+            # about to come from the checkpoint.
+            ok = torch.tensor([0 if error else 1], device=self.device)
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+            if ok.item():
+                if step != candidates[0]:
+                    self._log(f"checkpoint of step {candidates[0]} unreadable: using {step}")
+                return step, own, shared
+        if candidates:
+            raise RuntimeError(
+                f"no checkpoint in {self.ckpt_root} could be read by every rank "
+                f"({'; '.join(errors) or 'another rank named the files'}); "
+                "nothing was overwritten"
+            )
+        return None
 
     # ---------------------------------------------------------------- results
     def _node_map(self) -> list[int]:
@@ -446,55 +526,61 @@ class Trainer:
         return [int(n) for n in nodes]
 
     def _finish(self) -> dict[str, Any]:
-        """Write ledger.jsonl and summary.json (rank 0) from every rank's ledger."""
-        part = self.out / "ledger" / f"rank_{self.rank}.jsonl"
-        self.ledger.phase = "report"
-        self.ledger.record("barrier", 0, None)
-        ledger.write(part, self.ledger.rows)
+        """Write summary.json (rank 0) from the ledger's world totals; per-collective rows,
+        if kept, are joined into ledger.jsonl one rank's file at a time."""
+        self._flush_logs()
         dist.barrier()
         summary: dict[str, Any] = {}
         if self.rank == 0:
-            rows = []
-            for r in range(self.world):
-                rows += ledger.read(self.out / "ledger" / f"rank_{r}.jsonl")
-            ledger.write(self.out / "ledger.jsonl", rows)
-            summary = self._summary(rows)
+            names = ["summary.json", "ledger.csv", "config.json", "model.pt", "train_log.csv"]
+            if self.cfg.tracking.ledger_rows:
+                names.append(self.ledger.concat_rows(self.world).name)
+            summary = self._summary()
             checkpoint.atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2))
             checkpoint.atomic_save(self.model.state_dict(), self.out / "model.pt")
-            lines = ["step,loss,lr,phase,seconds"] + [
-                f"{e['step']},{e['loss']:.6g},{e['lr']:.6g},{e['phase']},{e['seconds']:.4f}"
-                for e in self.train_log
-            ]
-            checkpoint.atomic_write_text(self.out / "train_log.csv", "\n".join(lines) + "\n")
-            names = ["summary.json", "ledger.jsonl", "config.json", "model.pt", "train_log.csv"]
+            self.tracker.metrics(
+                self.state.step,
+                {f"time_share/{part}": v for part, v in summary["time"]["share"].items()},
+            )
             self.tracker.artifacts([self.out / n for n in names])
         return summary
 
-    def _summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        tops = [e["val_top1"] for e in self.evals]
-        losses = [e["val_loss"] for e in self.evals]
-        last = self.factorizations[-1] if self.factorizations else None
+    def _summary(self) -> dict[str, Any]:
+        run = self.state
+        tops = [e["val_top1"] for e in run.evals]
+        losses = [e["val_loss"] for e in run.evals]
+        last = run.factorizations[-1] if run.factorizations else None
         return dict(
             method=self.cfg.method,
             world_size=self.world,
-            nodes=len(set(self.ledger.nodes)),
+            nodes=self._nodes,
             steps=self.cfg.steps,
             val_top1=dict(best=max(tops), final=tops[-1]),
             val_loss=dict(min=min(losses), final=losses[-1]),
-            train_loss_final=self.train_log[-1]["loss"] if self.train_log else None,
+            train_loss_final=run.last_loss,
             compression_ratio=last["compression_ratio"] if last else 1.0,
             ranks=last["ranks"] if last else {},
-            factorizations=self.factorizations,
-            traffic=ledger.totals(rows, self.world),
-            wall_seconds=self.elapsed,
-            evals=self.evals,
+            factorizations=run.factorizations,
+            traffic=self.ledger.totals(self.world),
+            time=run.time_summary(),
+            wall_seconds=run.elapsed,
+            evals=run.evals,
         )
 
     # ---------------------------------------------------------------- tracking
     def _open_tracking(self) -> Tracker:
-        """Rank 0 opens the store; every rank learns whether it could, so all stop alike."""
+        """Rank 0 takes the run folder (one run at a time in it) and opens the store; every
+        rank learns whether it could, so all stop alike."""
         tracker, error = Tracker(self.cfg, active=False), ""
-        if self.rank == 0 and self.cfg.tracking.enabled:
+        if self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            # held until this process exits: a second launch into the folder is refused
+            self._folder_lock = filelock.FileLock(self.out / ".lock")
+            try:
+                self._folder_lock.acquire(timeout=0)
+            except filelock.Timeout:
+                error = f"{self.out} is in use by another run (it holds {self.out / '.lock'})"
+        if self.rank == 0 and self.cfg.tracking.enabled and not error:
             try:
                 tracker = Tracker(self.cfg, active=True)
             except TrackingError as err:
@@ -502,7 +588,7 @@ class Trainer:
         ok = torch.tensor([0 if error else 1], device=self.device)
         self.ledger.broadcast(ok, src=0)
         if not ok.item():
-            raise TrackingError(error or "rank 0 could not reach the tracking store")
+            raise TrackingError(error or "rank 0 could not take the run folder or reach the store")
         return tracker
 
     def _start_tracking(self) -> None:
@@ -520,13 +606,26 @@ class Trainer:
 
     # ---------------------------------------------------------------- helpers
     @property
+    def _nodes(self) -> int:
+        return len(set(self.ledger.nodes))
+
+    @property
     def _tty(self) -> bool:
         return self.rank == 0 and sys.stderr.isatty()
 
     def _progress_bar(self):
         from tqdm import tqdm
 
-        return tqdm(total=self.cfg.steps, initial=self.step, disable=not self._tty, unit="step")
+        return tqdm(
+            total=self.cfg.steps, initial=self.state.step, disable=not self._tty, unit="step"
+        )
+
+    def _now(self) -> float:
+        """A clock for the rare, long pieces (syncs, SVDs, evaluations): waits for the device
+        first, so their time is not charged to the next step."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _log(self, msg: str) -> None:
         if self.rank == 0:
@@ -542,9 +641,9 @@ class Trainer:
     def _fail_if_asked(self) -> None:
         """Fault injection for tests: ABTRAIN_FAIL_AT=rank:step kills that rank there."""
         spec = os.environ.get("ABTRAIN_FAIL_AT", "")
-        if spec and spec == f"{self.rank}:{self.step}":
+        if spec and spec == f"{self.rank}:{self.state.step}":
             print(
-                f"[abtrain] rank {self.rank}: injected failure at step {self.step}",
+                f"[abtrain] rank {self.rank}: injected failure at step {self.state.step}",
                 file=sys.stderr,
                 flush=True,
             )

@@ -40,7 +40,14 @@ def run_one(method: str, rate: str | None, a: argparse.Namespace, work: Path) ->
         env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "PYTHONUNBUFFERED": "1"}
         before = [c.counters(i) for i in range(a.nodes)]
         sets = [
-            x for s in [f"method={method}", "tracking.enabled=false", *a.set] for x in ("--set", s)
+            x
+            for s in [
+                f"method={method}",
+                "tracking.enabled=false",
+                "tracking.ledger_rows=true",
+                *a.set,
+            ]
+            for x in ("--set", s)
         ]
         start = time.time()
         procs = [

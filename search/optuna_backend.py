@@ -11,7 +11,7 @@ import fcntl
 from contextlib import contextmanager
 
 from search import space
-from search.driver import Context
+from search.context import Context
 
 
 @contextmanager

@@ -11,7 +11,7 @@ import math
 import random
 
 from search import space
-from search.driver import Context
+from search.context import Context
 
 
 def run(ctx: Context) -> None:

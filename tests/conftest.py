@@ -31,6 +31,7 @@ TINY = [
     "powersgd.start_iter=5",
     "powersgd.rank=2",
     "tracking.enabled=false",
+    "tracking.ledger_rows=true",
 ]
 
 

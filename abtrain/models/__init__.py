@@ -26,7 +26,7 @@ def build(cfg: Config, classes: int, features: int = 0) -> nn.Module:
     elif m.name == "resnet50":
         model = resnet50(weights=None, num_classes=classes)
     elif m.name == "vgg16":
-        model = build_vgg16(m.layout, classes, m.dropout)
+        model = build_vgg16(m.layout, classes, m.dropout, m.width)
     else:
         raise ValueError(f"model.name: unknown model {m.name!r}")
     if m.init == "ortho_sigma":

@@ -1,8 +1,14 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from abtrain import config
 from abtrain.__main__ import main
-from tests.conftest import PARAMS, tiny_config
+from tests.abtrain.test_data import write_tree
+from tests.conftest import PARAMS, ROOT, tiny_config
 
 
 @pytest.mark.parametrize(
@@ -69,3 +75,117 @@ def test_cli_stops_before_any_process_group(tmp_path, capsys):
     assert "ab.sigma_cutoff" in capsys.readouterr().err
     assert main(["check", "--config", str(tmp_path / "none.yaml")]) == 2
     assert not (tmp_path / "summary.json").exists()
+
+
+# ---------------------------------------------------------------- the CLI as a user runs it
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "abtrain", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def sets(*overrides: str) -> list[str]:
+    return [a for o in overrides for a in ("--set", o)]
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("optim.lr=.inf", "optim.lr"),
+        ("optim.lr=.nan", "optim.lr"),
+        ("optim.max_grad_norm=.nan", "optim.max_grad_norm"),
+        ("optim.max_grad_norm=.inf", "optim.max_grad_norm"),
+        ("optim.betas=[0.9, 1.0]", "optim.betas.1"),
+        ("optim.betas=[-0.1, 0.999]", "optim.betas.0"),
+        ("optim.weight_decay=.inf", "optim.weight_decay"),
+    ],
+)
+def test_cli_check_names_the_key_of_a_non_finite_or_out_of_range_value(override, key):
+    run = cli(
+        "check",
+        "--config",
+        "params.yaml",
+        "--world-size",
+        "4",
+        "--ranks-per-node",
+        "2",
+        *sets(override),
+    )
+    assert run.returncode == 2 and f"{key}:" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "train"])
+def test_cli_a_malformed_set_value_names_the_override(tmp_path, command):
+    out = ["--out", str(tmp_path / "run")] if command == "train" else []
+    run = cli(command, "--config", "params.yaml", *sets("model={name: vit"), *out)
+    assert run.returncode == 2, run.stderr
+    assert "override 'model={name: vit'" in run.stderr and "not valid YAML" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_check_on_the_committed_params_without_a_world_size():
+    run = cli("check", "--config", "params.yaml")
+    assert run.returncode == 0, run.stderr
+    assert "valid (ab, 2 ranks)" in run.stdout and "--world-size N" in run.stdout
+    assert cli("check", "--config", "params.yaml", *sets("method=ddp")).returncode == 0
+    one_node = cli("check", "--config", "params.yaml", "--world-size", "4")
+    assert one_node.returncode == 2 and "--ranks-per-node" in one_node.stderr
+
+
+def test_cli_check_refuses_a_batch_larger_than_the_data(tmp_path):
+    synthetic = (
+        "data={name: synthetic, features: 8, classes: 2, train_samples: 100, val_samples: 10}"
+    )
+    ok = cli(
+        "check",
+        "--config",
+        "params.yaml",
+        "--world-size",
+        "2",
+        "--ranks-per-node",
+        "1",
+        *sets(synthetic, "batch_size=50"),
+    )
+    assert ok.returncode == 0, ok.stderr
+    run = cli(
+        "check",
+        "--config",
+        "params.yaml",
+        "--world-size",
+        "4",
+        "--ranks-per-node",
+        "2",
+        *sets(synthetic, "batch_size=32"),
+    )
+    assert run.returncode == 2 and "batch_size=32" in run.stderr, run.stderr
+    assert "global batch of 128" in run.stderr and "100 training samples" in run.stderr
+
+    write_tree(tmp_path / "tree")  # 2 classes x 3 training images
+    image = (
+        f"data={{name: imagefolder, source: {tmp_path / 'tree'}, sha256: null, "
+        f"prepared: {tmp_path / 'p'}, train_per_class: 0, val_per_class: 0, image_size: 32, "
+        "augment: true, workers: 0}"
+    )
+    assert cli("prepare", "--config", "params.yaml", *sets(image)).returncode == 0
+    run = cli(
+        "check",
+        "--config",
+        "params.yaml",
+        "--world-size",
+        "4",
+        "--ranks-per-node",
+        "2",
+        *sets(image, "batch_size=2"),
+    )
+    assert run.returncode == 2 and "batch_size=2" in run.stderr, run.stderr
+    assert "6 training samples" in run.stderr and "meta.json" in run.stderr
+    cifar = "data.name=cifar10", "data.source=null", "data.train_per_class=10"
+    run = cli("check", "--config", "params.yaml", *sets(*cifar, "batch_size=64"))
+    assert run.returncode == 2 and "100 training samples" in run.stderr, run.stderr

@@ -1,5 +1,14 @@
+import io
+import json
+import os
 import pickle
+import pickletools
+import random
+import struct
+import subprocess
+import sys
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -238,3 +247,436 @@ def test_training_refuses_unprepared_or_stale_data(tmp_path):
     stale = cfg.model_copy(update={"data": cfg.data.model_copy(update={"train_per_class": 1})})
     with pytest.raises(data.DataError, match="another data config"):
         data.make_task(stale)
+
+
+# ---------------------------------------------------------------- batches ahead of the step
+def write_jpeg_tree(root: Path, classes=("cat", "dog"), per_class=6, sizes=((80, 96), (96, 88))):
+    """Photo-like JPEGs (smooth gradients and noise) of the given (width, height) sizes."""
+    rng = np.random.default_rng(1)
+    for split in ("train", "val"):
+        for cls in classes:
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                w, h = sizes[i % len(sizes)]
+                Image.fromarray(photo(rng, w, h)).save(root / split / cls / f"{i}.jpg", quality=90)
+
+
+def photo(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
+    yy, xx = np.mgrid[0:h, 0:w] / max(w, h)
+    base = [np.sin(6 * xx * rng.uniform(0.5, 2) + 4 * yy * c) for c in rng.uniform(-1, 1, 3)]
+    pixels = 127 + 100 * np.stack(base, -1) + rng.normal(0, 6, (h, w, 3))
+    return pixels.clip(0, 255).astype(np.uint8)
+
+
+def file_task(tmp_path: Path, workers: int = 2, augment: bool = True, batch: int = 3):
+    write_jpeg_tree(tmp_path / "tree")
+    cfg = tiny_config(
+        f"batch_size={batch}",
+        f"data={{name: imagenet, source: {tmp_path / 'tree'}, sha256: null, "
+        f"prepared: {tmp_path / 'p'}, train_per_class: 0, val_per_class: 0, image_size: 72, "
+        f"augment: {str(augment).lower()}, workers: {workers}}}",
+    )
+    data.prepare(cfg.data)
+    task = data.make_task(cfg)
+    assert not task.meta["cached"]
+    return task
+
+
+def cached_task(tmp_path: Path, workers: int = 2):
+    write_tree(tmp_path / "tree", per_class=6)
+    d = image_cfg(source=str(tmp_path / "tree"), prepared=str(tmp_path / "p"), workers=workers)
+    data.prepare(d)
+    task = data.make_task(tiny_config().model_copy(update={"data": d}))
+    assert task.meta["cached"]
+    return task
+
+
+def assert_same_batches(got, want):
+    assert len(got) == len(want)
+    for (x, y), (wx, wy) in zip(got, want):
+        assert x.dtype == wx.dtype and torch.equal(x, wx) and torch.equal(y, wy)
+
+
+@pytest.mark.parametrize("kind", ["files", "cached"])
+def test_train_batches_equal_train_batch_bit_for_bit_and_resume_mid_run(tmp_path, kind):
+    task = file_task(tmp_path) if kind == "files" else cached_task(tmp_path)
+    sampler = data.StepSampler(len(task), 3, rank=1, world_size=2, seed=5)
+    steps = 2 * sampler.steps_per_epoch + 1  # crosses two epoch boundaries
+    want = [task.train_batch(sampler, s) for s in range(steps)]
+    assert_same_batches(list(task.train_batches(sampler, 0, steps)), want)
+    assert_same_batches(list(task.train_batches(sampler, 3, steps)), want[3:])
+    assert list(task.train_batches(sampler, 4, 4)) == []
+
+
+def test_train_batches_decode_in_worker_processes_ahead_of_the_consumer(tmp_path, monkeypatch):
+    task = file_task(tmp_path)
+    log = tmp_path / "pids"
+    load = data._load
+
+    def spying_load(path, size, g):
+        with open(log, "a") as f:  # one short append per line: atomic between processes
+            f.write(f"{os.getpid()}\n")
+        return load(path, size, g)
+
+    monkeypatch.setattr(data, "_load", spying_load)  # the forked workers inherit it
+    sampler = data.StepSampler(len(task), 3, rank=0, world_size=1, seed=0)
+    batches = task.train_batches(sampler, 0, 3 * sampler.steps_per_epoch)
+    next(batches)
+    deadline = time.monotonic() + 30
+    while len(log.read_text().split()) < 4 * 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(p) for p in log.read_text().split()]
+    # one batch consumed, four built: two workers with two batches each in flight
+    assert len(pids) >= 4 * 3 and len(set(pids)) == 2 and os.getpid() not in pids
+    batches.close()  # the consumer stops early: the workers go with the iterator
+    for pid in set(pids):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("kind", ["files", "cached"])
+def test_ranks_together_see_and_augment_as_one_process_with_the_whole_batch(tmp_path, kind):
+    task = file_task(tmp_path) if kind == "files" else cached_task(tmp_path)
+    one = data.StepSampler(len(task), 4, rank=0, world_size=1, seed=2)
+    ranks = [data.StepSampler(len(task), 2, rank=r, world_size=2, seed=2) for r in range(2)]
+    for step in range(one.steps_per_epoch + 1):
+        x, y = task.train_batch(one, step)
+        parts = [next(task.train_batches(s, step, step + 1)) for s in ranks]
+        assert torch.equal(torch.cat([p[0] for p in parts]), x)
+        assert torch.equal(torch.cat([p[1] for p in parts]), y)
+
+
+def test_val_batches_through_workers_equal_in_process(tmp_path):
+    task = file_task(tmp_path, workers=2)
+    ahead = list(task.val_batches(1, 2, 4))
+    task.workers = 0
+    assert_same_batches(ahead, list(task.val_batches(1, 2, 4)))
+    assert [len(y) for _, y in ahead] == [4, 2] and ahead[0][0].shape == (4, 3, 72, 72)
+
+
+@pytest.mark.parametrize("hw", [(375, 500), (96, 80), (10, 400), (400, 10), (1, 1)])
+def test_crop_box_is_torchvisions_drawn_from_our_generator(hw):
+    from torchvision.transforms import v2
+
+    h, w = hw
+    for seed in range(40):
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            tv = v2.RandomResizedCrop(8).make_params([torch.empty(3, h, w)])
+        ours = data.crop_params(h, w, torch.Generator().manual_seed(seed))
+        assert ours == (tv["top"], tv["left"], tv["height"], tv["width"]), (hw, seed)
+
+
+def test_augmented_image_is_torchvisions_random_resized_crop_and_flip(tmp_path):
+    from torchvision.transforms import v2
+
+    write_jpeg_tree(tmp_path, per_class=2, sizes=((120, 90), (90, 130)))
+    tv = v2.Compose([v2.RandomResizedCrop(72), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+    for i, path in enumerate(sorted((tmp_path / "train").rglob("*.jpg"))):
+        for seed in range(6):
+            with torch.random.fork_rng():
+                torch.manual_seed(seed + 10 * i)
+                want = tv(Image.open(path).convert("RGB"))
+            got = data._load(str(path), 72, torch.Generator().manual_seed(seed + 10 * i))
+            assert torch.equal(got, want)
+
+
+def test_large_jpegs_decode_reduced_only_where_the_output_keeps_its_detail(tmp_path, monkeypatch):
+    path = tmp_path / "big.jpg"
+    Image.fromarray(photo(np.random.default_rng(3), 1000, 750)).save(path, quality=90)
+    small = tmp_path / "small.png"
+    Image.fromarray(photo(np.random.default_rng(4), 1000, 750)).save(small)
+    assert data._draft(Image.open(path), 96 / 800, 96 / 600) == 4  # 800x600 box -> 200x150
+    assert data._draft(Image.open(path), 96 / 300, 96 / 300) == 2  # 300x300 box -> 150x150
+    assert data._draft(Image.open(path), 96 / 150, 96 / 150) == 1  # would go below 96
+    assert data._draft(Image.open(small), 0.1, 0.1) == 1  # not a JPEG
+    monkeypatch.setattr(data, "crop_params", lambda h, w, g: (100, 50, 600, 800))
+    reduced = [data._load(str(path), 96, g) for g in (torch.Generator().manual_seed(0), None)]
+    monkeypatch.setattr(data, "_draft", lambda img, fx, fy: 1)
+    full = [data._load(str(path), 96, g) for g in (torch.Generator().manual_seed(0), None)]
+    for a, b in zip(reduced, full):
+        diff = (a.float() - b.float()).abs()
+        assert a.shape == b.shape == (3, 96, 96) and diff.mean() < 1.5, diff.mean()
+
+
+def test_a_file_batch_is_its_images_normalised_as_the_cached_ones_are(tmp_path):
+    task = file_task(tmp_path)
+    sampler = data.StepSampler(len(task), 3, rank=1, world_size=2, seed=4)
+    x, y = task.train_batch(sampler, 2)
+    idx = sampler.indices(2).tolist()
+    files = [os.path.join(task.root, os.fsdecode(task.train["files"][i])) for i in idx]
+    images = [data._load(f, 72, sampler.image_generator(2, j)) for j, f in enumerate(files)]
+    assert torch.equal(x, task._normalize(torch.stack(images)))
+    assert y.tolist() == [task.train["y"][i].item() for i in idx] and y.dtype == torch.int64
+
+
+def test_an_image_gone_after_prepare_stops_training_naming_it_through_the_workers(tmp_path):
+    task = file_task(tmp_path)
+    sampler = data.StepSampler(len(task), 3, rank=0, world_size=1, seed=0)
+    gone = os.path.join(task.root, os.fsdecode(task.train["files"][sampler.indices(1)[0]]))
+    Path(gone).write_bytes(b"truncated")
+    with pytest.raises(data.DataError, match=f"{gone}: unreadable image"):
+        list(task.train_batches(sampler, 0, 3))
+
+
+# ---------------------------------------------------------------- archives as users make them
+COLOURS = {"ant": (220, 30, 30), "bee": (30, 200, 40), "cow": (40, 60, 230)}
+
+
+def write_colour_tree(root: Path, per_class: int = 4, size: int = 80) -> list[str]:
+    """An ImageFolder tree of JPEGs, each class one solid colour; returns the file paths."""
+    paths = []
+    for split in ("train", "val"):
+        for cls, rgb in COLOURS.items():
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                path = f"{split}/{cls}/n{i:04d}.JPEG"
+                Image.new("RGB", (size + 7 * i, size), rgb).save(root / path, "JPEG")
+                paths.append(path)
+    return paths
+
+
+def assert_every_label_is_its_class(prepared: Path, meta: dict) -> None:
+    for split in ("train", "val"):
+        index = json.loads((prepared / f"{split}.index.json").read_text())
+        assert len(index) == sum(meta["counts"][split].values())
+        for file, label in index:
+            cls = meta["classes"][label]
+            assert Path(file).parts[-2] == cls, (file, cls)
+            mean = np.asarray(Image.open(prepared / file).convert("RGB")).mean((0, 1))
+            assert np.abs(mean - COLOURS[cls]).max() < 8, (file, cls, mean)
+
+
+@pytest.mark.parametrize("flags", ["-cf", "-czf"])
+def test_an_archive_made_by_gnu_tar_in_its_own_member_order_keeps_every_label(tmp_path, flags):
+    paths = write_colour_tree(tmp_path / "imagenet")
+    # GNU tar stores a folder's entries in readdir order, not sorted; listing the files in
+    # a fixed shuffled order makes that reproducible
+    random.Random(3).shuffle(paths)
+    assert paths != sorted(paths)
+    archive = tmp_path / ("imagenet.tar.gz" if "z" in flags else "imagenet.tar")
+    subprocess.run(
+        ["tar", flags, str(archive), "-C", str(tmp_path / "imagenet"), *paths], check=True
+    )
+    d = image_cfg(name="imagenet", source=str(archive), prepared=str(tmp_path / "p"), image_size=72)
+    meta = data.prepare(d)
+    assert not meta["cached"] and meta["classes"] == sorted(COLOURS)
+    assert_every_label_is_its_class(tmp_path / "p", meta)
+
+
+def test_a_folder_source_of_large_images_keeps_every_label(tmp_path):
+    write_colour_tree(tmp_path / "imagenet")
+    d = image_cfg(name="imagenet", source=str(tmp_path / "imagenet"), prepared=str(tmp_path / "p"))
+    meta = data.prepare(d.model_copy(update={"image_size": 72}))
+    assert_every_label_is_its_class(tmp_path / "p", meta)
+
+
+def evil_archive(path: Path, tree: Path, evil: tarfile.TarInfo, payload: bytes) -> None:
+    """A valid ImageFolder archive with one crafted member, as an attacker writes one."""
+    with tarfile.open(path, "w") as tar:
+        tar.add(tree, arcname="data")
+        tar.addfile(evil, io.BytesIO(payload) if evil.isfile() else None)
+
+
+def png_bytes() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (80, 80), (1, 2, 3)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "name,kind",
+    [
+        ("train/cls/../../../evil.jpg", "file"),
+        (
+            "data/train/cat/../../../../../escaped/train/cat/evil.png",
+            "file",
+        ),  # an image to train on
+        ("/abs/evil.jpg", "file"),
+        ("{tmp}/abs/train/cat/evil.png", "file"),  # absolute, and where an image would be
+        ("data/train/cat/link.png", "symlink"),
+        ("data/train/cat/hard.png", "hardlink"),
+    ],
+)
+def test_an_archive_member_leaving_the_prepared_folder_refuses_the_archive(tmp_path, name, kind):
+    write_tree(tmp_path / "tree", size=80)
+    work = tmp_path / "work"
+    work.mkdir()
+    name = name.format(tmp=tmp_path)
+    evil = tarfile.TarInfo(name)
+    payload = png_bytes()
+    if kind == "file":
+        evil.size = len(payload)
+    else:
+        evil.type = tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE
+        evil.linkname = "../../../../etc/passwd"
+    archive = tmp_path / "evil.tar"
+    evil_archive(archive, tmp_path / "tree", evil, payload)
+    before = {p for p in tmp_path.rglob("*")}
+    d = image_cfg(name="imagenet", source=str(archive), prepared=str(work / "p"), image_size=72)
+    with pytest.raises(data.DataError) as err:
+        data.prepare(d)
+    assert str(archive) in str(err.value) and repr(name) in str(err.value)
+    assert {p for p in tmp_path.rglob("*")} == before  # nothing written, outside or in
+    assert not Path("/abs").exists()
+
+
+# ---------------------------------------------------------------- the prepared folder
+def test_prepare_refuses_a_folder_of_the_users_and_keeps_its_files(tmp_path):
+    write_tree(tmp_path / "tree")
+    mine = tmp_path / "results"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("three years of work")
+    with pytest.raises(data.DataError, match=r"data\.prepared .*results.* is not a folder abtrain"):
+        data.prepare(image_cfg(source=str(tmp_path / "tree"), prepared=str(mine)))
+    assert (mine / "thesis.tex").read_text() == "three years of work"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results", "tree"]
+
+
+def test_prepare_refuses_a_prepared_folder_that_holds_the_source(tmp_path):
+    data_dir = tmp_path / "data"
+    write_tree(data_dir / "tree")
+    d = image_cfg(source=str(data_dir / "tree"), prepared=str(data_dir))
+    with pytest.raises(data.DataError, match=r"data\.prepared .* holds data\.source"):
+        data.prepare(d)
+    assert len(list((data_dir / "tree").rglob("*.png"))) == 12
+    same = image_cfg(source=str(data_dir / "tree"), prepared=str(data_dir / "tree"))
+    with pytest.raises(data.DataError, match=r"holds data\.source"):
+        data.prepare(same)
+    assert len(list((data_dir / "tree").rglob("*.png"))) == 12
+
+
+def test_prepare_replaces_only_a_folder_it_prepared_itself(tmp_path):
+    write_tree(tmp_path / "tree")
+    d = image_cfg(source=str(tmp_path / "tree"), prepared=str(tmp_path / "p"))
+    assert data.prepare(d)["counts"]["train"] == {"cat": 3, "dog": 3}
+    meta = data.prepare(d.model_copy(update={"train_per_class": 1}))
+    assert meta["counts"]["train"] == {"cat": 1, "dog": 1}
+    assert json.loads((tmp_path / "p" / "meta.json").read_text())["counts"] == meta["counts"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p", "tree"]  # no .p.old / .p.tmp
+
+
+def test_prepare_into_the_working_directory_is_refused_through_the_cli(tmp_path):
+    write_tree(tmp_path / "tree")
+    (tmp_path / "notes.txt").write_text("mine")
+    cmd = [sys.executable, "-m", "abtrain", "prepare", "--config", str(ROOT / "params.yaml")]
+    sets = [
+        "data={name: imagefolder, source: tree, sha256: null, prepared: ., train_per_class: 0, "
+        "val_per_class: 0, image_size: 32, augment: true, workers: 0}"
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [*cmd, *(a for s in sets for a in ("--set", s))],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "data.prepared '.'" in run.stderr and "working directory" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert len(list((tmp_path / "tree").rglob("*.png"))) == 12
+
+
+# ---------------------------------------------------------------- CIFAR pickles
+class Py2Pickler(pickle._Pickler):
+    """Pickles bytes as Python 2's str (BINSTRING), as cPickle wrote the original batches."""
+
+    dispatch = pickle._Pickler.dispatch.copy()
+
+    def save_py2_str(self, obj: bytes) -> None:
+        n = len(obj)
+        if n < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj)
+        else:
+            self.write(pickle.BINSTRING + struct.pack("<i", n) + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = save_py2_str
+
+
+def py2_pickle(obj) -> bytes:
+    buf = io.BytesIO()
+    Py2Pickler(buf, protocol=2).dump(obj)
+    return buf.getvalue()
+
+
+def write_original_cifar100(folder: Path, per_batch: int = 200) -> np.ndarray:
+    """cifar-100-python as the original: Python 2 pickles (protocol 2) of str-keyed dicts."""
+    rng = np.random.default_rng(7)
+    folder.mkdir(parents=True)
+    pixels = None
+    for name in ("train", "test"):
+        x = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
+        pixels = x if pixels is None else pixels
+        batch = {
+            b"filenames": [b"img_%d.png" % i for i in range(per_batch)],
+            b"batch_label": b"training batch 1 of 1",
+            b"fine_labels": [i % 100 for i in range(per_batch)],
+            b"coarse_labels": [i % 20 for i in range(per_batch)],
+            b"data": x,
+        }
+        (folder / name).write_bytes(py2_pickle(batch))
+    meta = {
+        b"fine_label_names": [b"class%d" % i for i in range(100)],
+        b"coarse_label_names": [b"super%d" % i for i in range(20)],
+    }
+    (folder / "meta").write_bytes(py2_pickle(meta))
+    return pixels
+
+
+def test_the_original_cifar100_pickles_still_load(tmp_path):
+    pixels = write_original_cifar100(tmp_path / "src" / "cifar-100-python")
+    globals_named = {
+        arg
+        for op, arg, _ in pickletools.genops((tmp_path / "src/cifar-100-python/train").read_bytes())
+        if op.name == "GLOBAL"
+    }
+    assert globals_named == {"numpy.core.multiarray _reconstruct", "numpy ndarray", "numpy dtype"}
+    d = image_cfg(name="cifar100", source=str(tmp_path / "src"), prepared=str(tmp_path / "p"))
+    meta = data.prepare(d)
+    assert meta["classes"][:2] == ["class0", "class1"] and len(meta["classes"]) == 100
+    train = torch.load(tmp_path / "p" / "train.pt", weights_only=True)
+    assert torch.equal(train["x"], torch.as_tensor(pixels).view(-1, 3, 32, 32))
+    assert train["y"][:3].tolist() == [0, 1, 2]
+
+
+class Payload:
+    """What an attacker pickles: loading it calls `call` with `args`."""
+
+    def __init__(self, call, *args) -> None:
+        self.call, self.args = call, args
+
+    def __reduce__(self):
+        return self.call, self.args
+
+
+@pytest.mark.parametrize("where", ["archive", "folder", "checksummed archive"])
+@pytest.mark.parametrize("call", ["builtins.open", "os.system", "builtins.eval"])
+def test_a_crafted_cifar_pickle_runs_no_code(tmp_path, monkeypatch, where, call):
+    write_cifar(tmp_path / "src")
+    marker = tmp_path / "pwned"
+    payload = {
+        "builtins.open": Payload(open, str(marker), "w"),
+        "os.system": Payload(os.system, f"touch {marker}"),
+        "builtins.eval": Payload(eval, f"open({str(marker)!r}, 'w')"),
+    }[call]
+    meta = tmp_path / "src" / "cifar-10-batches-py" / "batches.meta"
+    meta.write_bytes(pickle.dumps({"label_names": payload}, protocol=2))
+    source = tmp_path / "src"
+    if where != "folder":
+        name = "cifar-10-python.tar.gz" if where == "checksummed archive" else "cifar10.tgz"
+        source = tmp_path / name
+        with tarfile.open(source, "w:gz") as tar:
+            tar.add(tmp_path / "src" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+        if where == "checksummed archive":  # as if the published archive had been tampered
+            spec = {**data.CIFAR["cifar10"], "md5": data._digest(source, "md5")}
+            monkeypatch.setitem(data.CIFAR, "cifar10", spec)
+    d = image_cfg(name="cifar10", source=str(source), prepared=str(tmp_path / "p"))
+    with pytest.raises(data.DataError, match=r"batches\.meta: refused to unpickle") as err:
+        data.prepare(d)
+    assert str(source) in str(err.value)
+    assert not marker.exists()
+    assert not (tmp_path / "p").exists()

@@ -21,8 +21,8 @@ def fwd_bwd(model, size, classes=10):
     [
         (VIT, 16),
         ("{name: resnet50, init: default}", 32),
-        ("{name: vgg16, layout: torchvision, dropout: 0.0, init: default}", 32),
-        ("{name: vgg16, layout: timm, dropout: 0.0, init: default}", 32),
+        ("{name: vgg16, layout: torchvision, width: 64, dropout: 0.0, init: default}", 32),
+        ("{name: vgg16, layout: timm, width: 64, dropout: 0.0, init: default}", 32),
     ],
 )
 def test_each_model_builds_and_trains_a_step(model, size):
@@ -62,12 +62,34 @@ def test_vit_factorises_fused_qkv_and_keeps_patch_embedding_and_head_full_rank()
 
 def test_timm_vgg_pools_a_32px_feature_map_up_to_7x7_for_its_conv_classifier():
     model = models.build(
-        tiny_config("model={name: vgg16, layout: timm, dropout: 0.0, init: default}"), 10
+        tiny_config("model={name: vgg16, layout: timm, width: 64, dropout: 0.0, init: default}"), 10
     )
     fc1 = model.pre_logits[0]
     assert isinstance(fc1, torch.nn.Conv2d) and fc1.weight.shape == (4096, 512, 7, 7)
     layers = lowrank.convert(model, None)
     assert "pre_logits.0" in layers and "features.0" not in layers and "head" not in layers
+
+
+@pytest.mark.parametrize("layout", ["torchvision", "timm"])
+def test_vgg16_width_scales_every_layer_and_keeps_the_layout(layout):
+    def build(width):
+        cfg = tiny_config(
+            f"model={{name: vgg16, layout: {layout}, width: {width}, dropout: 0.0, init: default}}"
+        )
+        with torch.device("meta"):
+            return models.build(cfg, classes=10)
+
+    full, mini = build(64), build(8)
+    assert sum(p.numel() for p in full.parameters()) == pytest.approx(134.3e6, rel=0.005)
+    shapes = {n: p.shape for n, p in full.named_parameters()}
+    small = {n: p.shape for n, p in mini.named_parameters()}
+    assert list(small) == list(shapes)  # the same layers, names and order
+    for name, shape in shapes.items():  # widths / 8; the 3 input channels, 10 classes kept
+        assert all(a in (b, b // 8) for a, b in zip(small[name], shape)), name
+    first = "pre_logits.0.weight" if layout == "timm" else "classifier.0.weight"
+    assert small[first].numel() * 64 == shapes[first].numel()
+    model = f"{{name: vgg16, layout: {layout}, width: 8, dropout: 0.0, init: ortho_sigma}}"
+    fwd_bwd(models.build(tiny_config(f"model={model}"), classes=10), 32)
 
 
 def test_ortho_sigma_sets_every_singular_value_to_one_identically_on_every_build():

@@ -68,3 +68,46 @@ def test_linear_lr_warmup_then_cosine():
     assert [schedule.scheduled_lr(t, cfg) for t in range(4)] == pytest.approx([0.2, 0.4, 0.6, 0.8])
     assert schedule.scheduled_lr(4, cfg) == pytest.approx(1.0)
     assert schedule.scheduled_lr(19, cfg) == pytest.approx(0.1)
+
+
+def test_authors_rule_syncs_at_multiples_of_the_period_and_keeps_the_first_ab_phase_whole():
+    # W/S/R = 7/5/2: AB from 7 to the first multiple of 5 after it (10), then every 5 steps
+    # a sync, 2 rebound steps and S - R = 3 AB steps
+    cfg = tiny_config(
+        "steps=22", "ab.warmup_steps=7", "ab.ab_steps=3", "ab.rebound_steps=2",
+        "ab.phase_rule=authors",
+    )  # fmt: skip
+    assert schedule.phases(cfg) == [
+        (0, Phase("warmup")),
+        (7, Phase("ab", 0)),
+        (10, Phase("rebound", 0)),
+        (12, Phase("ab", 1)),
+        (15, Phase("rebound", 1)),
+        (17, Phase("ab", 2)),
+        (20, Phase("rebound", 2)),
+    ]
+    assert [schedule.last_change(t, cfg) for t in (6, 7, 9, 10, 11, 12, 21)] == [
+        None, 7, 7, 10, 10, 12, 20,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "steps, w, s, r, share",
+    [  # the authors' ResNet-50 constant-local-batch runs on 2 and 4 nodes, and their ViT
+        (90000, 24000, 6000, 300, 0.30),
+        (45000, 9300, 3000, 300, 0.28),
+        (45000, 12300, 2180, 300, 0.3733),  # 15 syncs (reference notes, section 1)
+    ],
+)
+def test_authors_rule_gives_their_share_of_full_rank_steps(steps, w, s, r, share):
+    cfg = tiny_config(
+        f"steps={steps}", f"ab.warmup_steps={w}", f"ab.ab_steps={s - r}",
+        f"ab.rebound_steps={r}", "ab.phase_rule=authors",
+    )  # fmt: skip
+    bounds = schedule.phases(cfg) + [(steps, None)]
+    full = sum(
+        end - start
+        for (start, p), (end, _) in zip(bounds, bounds[1:])
+        if p.kind in ("warmup", "rebound")
+    )
+    assert full / steps == pytest.approx(share, abs=0.001)

@@ -17,7 +17,7 @@ def _sync(rank, world, mode):
     layer.set_factors(torch.full((2, 1), rank + 1.0), torch.full((1, 3), 10.0 * (rank + 1)), g.role)
     with torch.no_grad():
         layer.bias.fill_(float(rank))
-    ledger = Ledger(rank, [0, 0, 1, 1])
+    ledger = Ledger(rank, [0, 0, 1, 1], keep_rows=True)
     sync.average(model, layers, g, mode, ledger)
     a, b, bias = layer.a[0, 0].item(), layer.b[0, 0].item(), layer.bias[0].item()
     sync.merge(layers)

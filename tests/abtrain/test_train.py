@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from abtrain import lowrank, models, schedule
+from abtrain import checkpoint, ledger, lowrank, models, schedule
 from tests.conftest import launch, summary, tiny_config
 
 METHODS = ["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd"]
@@ -26,10 +26,7 @@ def runs(tmp_path_factory):
 
 
 def final_weights(run_dir, rank, steps=40):
-    state = torch.load(
-        run_dir / "checkpoints" / f"step_{steps:08d}" / f"rank_{rank}.pt", weights_only=True
-    )
-    return state["model"]
+    return checkpoint.model_state(run_dir / "checkpoints", steps, rank)
 
 
 # ---------------------------------------------------------------- analytic traffic
@@ -63,6 +60,8 @@ def expected_inter_node_bytes(method, s):
     inter += len(s["evals"]) * allreduce_inter(4 * 8)  # loss, top-1, top-5, count (float64)
     every = cfg.checkpoint_every  # each checkpoint: one int64 all-reduce (saved? stop?)
     inter += (len(range(every, cfg.steps, every)) + 1) * allreduce_inter(8)
+    # the ledger's per-step tables (step 0 to the end, both included), summed at checkpoints
+    inter += allreduce_inter((cfg.steps + 1) * ledger.STEP_TABLE_BYTES)
     steps = Counter(schedule.phase_at(t, cfg).kind for t in range(cfg.steps))
     if method == "ddp":
         return inter + cfg.steps * allreduce_inter(full)
@@ -161,6 +160,14 @@ def test_killed_run_resumes_to_the_same_weights_and_loss_bit_for_bit(runs, tmp_p
     assert re.search(r"rank\s*:\s*3 \(local_rank: 1\)", log), log[-3000:]  # torchrun names it
     assert re.search(r"rank [0-2] \(node \d\) failed", log)  # survivors stopped by themselves
     assert (tmp_path / "checkpoints" / "LATEST").read_text().strip() == "20"
+    # inside an AB phase each group is one replica: its state is written once
+    saved = sorted(p.name for p in checkpoint.step_dir(tmp_path / "checkpoints", 20).iterdir())
+    assert saved == [
+        "meta.json",
+        *(f"rank_{r}.pt" for r in range(4)),
+        "replica_0.pt",
+        "replica_2.pt",
+    ]
 
     resumed = launch(tmp_path, "method=ab")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -177,6 +184,28 @@ def test_killed_run_resumes_to_the_same_weights_and_loss_bit_for_bit(runs, tmp_p
     assert timeless(a["evals"]) == timeless(b["evals"])
     assert a["train_loss_final"] == b["train_loss_final"]
     assert a["traffic"]["inter_node_bytes"] == b["traffic"]["inter_node_bytes"]
+
+
+def test_a_run_killed_after_a_rebound_checkpoint_resumes_bit_for_bit(runs, tmp_path):
+    # checkpoint 30 falls in a rebound phase: full rank, but each group's factors keep
+    # AdamW moments of their own for the next AB phase, so each group saves its replica
+    killed = launch(tmp_path, "method=ab", env={"ABTRAIN_FAIL_AT": "1:33"})
+    assert killed.returncode != 0
+    saved = sorted(p.name for p in checkpoint.step_dir(tmp_path / "checkpoints", 30).iterdir())
+    assert saved == [
+        "meta.json",
+        *(f"rank_{r}.pt" for r in range(4)),
+        "replica_0.pt",
+        "replica_2.pt",
+    ]
+    resumed = launch(tmp_path, "method=ab")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from step 30 (rebound phase)" in resumed.stdout
+    for rank in range(4):
+        want, got = final_weights(runs["ab"], rank), final_weights(tmp_path, rank)
+        for key in want:
+            assert torch.equal(want[key], got[key]), (rank, key)
+    assert summary(tmp_path)["train_loss_final"] == summary(runs["ab"])["train_loss_final"]
 
 
 def test_a_run_folder_refuses_another_config(runs):

@@ -1,0 +1,120 @@
+"""Faults as they happen in the field: a signal to the launcher's process group, a lost
+`LATEST`, a checkpoint cut short, a resume under another world or config, two launches
+into one folder. Every case runs the real launcher and torchrun."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from abtrain import checkpoint
+from tests.conftest import PARAMS, ROOT, TINY, launch, summary
+
+DDP = ["method=ddp"]
+
+
+def start(out: Path, *overrides: str, nnodes: int = 2, nproc: int = 1) -> subprocess.Popen:
+    """The launcher in a process group of its own, as a shell or batch script starts it."""
+    cmd = [sys.executable, "-m", "abtrain.launch", f"--nnodes={nnodes}"]
+    cmd += [f"--nproc-per-node={nproc}", "train", "--config", str(PARAMS), "--out", str(out)]
+    for o in [*TINY, *overrides]:
+        cmd += ["--set", o]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+
+
+def processes_of(out: Path) -> list[int]:
+    """Pids of every live process whose command line names the run folder."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if str(out).encode() in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_the_launchers_group_stops_every_rank_and_a_second_launch_is_refused(
+    tmp_path, sig
+):
+    first = start(tmp_path, *DDP, "steps=100000", "checkpoint_every=10")
+    try:
+        wait_for(tmp_path / "checkpoints" / "LATEST", first)
+        second = launch(tmp_path, *DDP, "steps=100000", "checkpoint_every=10", nnodes=2, nproc=1)
+        assert second.returncode != 0
+        assert f"{tmp_path} is in use by another run" in second.stderr
+        assert first.poll() is None  # the refused launch left the running one alone
+
+        os.killpg(first.pid, sig)  # what a CI timeout or `scancel` does
+        first.wait(timeout=60)
+        assert first.returncode == 128 + sig
+        deadline = time.monotonic() + 30
+        while processes_of(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert processes_of(tmp_path) == []  # no rank trains on, orphaned
+    finally:
+        for pid in processes_of(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def killed(tmp_path):
+    """A ddp run on 2 ranks killed at step 35; checkpoints at 10, 20, 30 (two kept)."""
+    proc = launch(tmp_path, *DDP, env={"ABTRAIN_FAIL_AT": "1:35"}, nnodes=1, nproc=2)
+    assert proc.returncode != 0
+    assert checkpoint.resume_candidates(tmp_path / "checkpoints") == [30, 20]
+    return tmp_path
+
+
+def test_a_lost_latest_resumes_from_the_newest_whole_checkpoint(killed):
+    (killed / "checkpoints" / "LATEST").unlink()
+    resumed = launch(killed, *DDP, nnodes=1, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from step 30" in resumed.stdout
+    assert checkpoint.whole_steps(killed / "checkpoints") == [30, 40]
+    assert summary(killed)["steps"] == 40
+
+
+def test_a_truncated_checkpoint_is_named_and_the_one_before_it_used(killed):
+    bad = checkpoint.step_dir(killed / "checkpoints", 30) / "replica_0.pt"
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])  # a crash mid-copy
+    resumed = launch(killed, *DDP, nnodes=1, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{bad} is unreadable" in resumed.stderr
+    assert "resumed from step 20" in resumed.stdout
+
+
+def test_resuming_under_another_world_size_is_refused(killed):
+    resumed = launch(killed, *DDP, nnodes=1, nproc=1)
+    assert resumed.returncode != 0
+    assert "was written by 2 ranks on 1 nodes, this run has 1 on 1" in resumed.stderr
+    assert checkpoint.resume_candidates(killed / "checkpoints") == [30, 20]  # nothing lost
+
+
+def test_a_deleted_config_json_does_not_let_another_config_resume(killed):
+    (killed / "config.json").unlink()
+    resumed = launch(killed, *DDP, "optim.lr=0.1", nnodes=1, nproc=2)
+    assert resumed.returncode != 0
+    assert "another config (optim.lr differ)" in resumed.stderr
+    assert checkpoint.resume_candidates(killed / "checkpoints") == [30, 20]

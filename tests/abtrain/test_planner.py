@@ -1,0 +1,158 @@
+"""The planner's storage predictions against what torch.save and a real run write."""
+
+import io
+import json
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from abtrain import config, lowrank, models, planner, schedule
+from abtrain.ledger import Ledger
+from abtrain.runstate import RunState
+from abtrain.schedule import Phase
+from tests.conftest import ROOT, launch, tiny_config
+
+
+def saved_size(obj) -> int:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.tell()
+
+
+def one_adamw_step(model: torch.nn.Module) -> torch.optim.AdamW:
+    """AdamW after one step: state (two moments, step) for every parameter with a grad."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    F.cross_entropy(model(torch.randn(8, 64)), torch.randint(0, 10, (8,))).backward()
+    opt.step()
+    return opt
+
+
+@pytest.mark.parametrize("width", [64, 512])
+def test_a_full_rank_replica_is_a_saved_model_and_its_adamw_state(width):
+    cfg = tiny_config(f"model={{name: mlp, width: {width}, depth: 3, init: default}}")
+    model = models.build(cfg, 10, 64)
+    opt = one_adamw_step(model)
+    real = saved_size(dict(model=model.state_dict(), optim=opt.state_dict()))
+    predicted = planner.replica_bytes(planner.sizes(cfg, 10))
+    assert predicted == pytest.approx(real, rel=0.03)
+
+
+@pytest.mark.parametrize("role", ["a", "b"])
+def test_an_ab_replica_holds_the_factors_and_the_moments_of_what_its_group_trains(role):
+    keep = 0.5
+    cfg = tiny_config("model={name: mlp, width: 256, depth: 4, init: default}")
+    model = models.build(cfg, 10, 64)
+    layers = lowrank.convert(model, cfg.ab.full_rank_layers)
+    for layer in layers.values():
+        rows, cols = layer.weight.shape[0], layer.weight[0].numel()
+        a, b = lowrank.factorize(layer.weight, 0.5, rank=max(1, round(keep * min(rows, cols))))
+        layer.set_factors(a, b, role)
+    opt = one_adamw_step(model)
+    s = planner.sizes(cfg, 10, keep)
+    # as the trainer saves it: W kept beside A and B (its moments too, had it trained)
+    assert planner.saved_replica_bytes(s, "ab", role, carry=False) == pytest.approx(
+        saved_size(dict(model=model.state_dict(), optim=opt.state_dict())), rel=0.03
+    )
+
+
+def test_a_ranks_own_file_is_its_buffers_rng_ledger_and_run_state():
+    cfg = tiny_config("model={name: resnet50, init: default}")  # BatchNorm: 159 buffers
+    model = models.build(cfg, 10)
+    run = RunState(phase=Phase("warmup"))
+    run.add_time("compute", 1.0)
+    own = dict(
+        run=run.to_dict(),
+        buffers=dict(model.named_buffers()),
+        rng=dict(torch=torch.get_rng_state(), python=random.getstate()),
+        ledger=Ledger(0, [0]).state(),
+        replica=0,
+    )
+    predicted = planner.rank_state_bytes(planner.sizes(cfg, 10), cuda=False)
+    assert predicted == pytest.approx(saved_size(own), rel=0.05)
+
+
+def paper_config(*overrides):
+    p = yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text())
+    return config.from_dict(p["train"], list(overrides))
+
+
+def test_at_paper_scale_per_collective_rows_are_tens_of_millions_and_aggregates_one_a_step():
+    # ViT-B/16 (346 MB of gradients: 14 buckets of 25 MiB), 32 nodes x 4 GPUs, 45,000 steps
+    cfg = paper_config("method=ddp", "steps=45000")
+    f = planner.footprint(cfg, nodes=32, ranks_per_node=4, classes=1000)
+    led = f.ledger
+    assert led["per_collective_rows"] == pytest.approx(45_000 * 14 * 128, rel=1e-3)  # 80.6 M
+    assert 45_000 < led["rows"] < 45_000 * 1.01  # one gradient row a step, a few extra
+    assert led["per_collective_bytes"] / led["csv_bytes"] > 1000
+    assert led["train_log_rows"] == 45_000
+    # a rank's ledger memory doesn't grow with the run: it holds the steps since a flush
+    short = planner.footprint(paper_config("method=ddp", "steps=4500"), 32, 4, 1000)
+    assert short.ledger["memory_bytes_per_rank"] == led["memory_bytes_per_rank"] < 2e6
+    # one full-rank replica: parameters and two moments, 3 x 346 MB
+    s = planner.sizes(cfg, 1000)
+    assert f.checkpoint["bytes"] == pytest.approx(3 * s.full, rel=0.01)
+    assert f.checkpoint["disk_bytes"] == 2 * f.checkpoint["bytes"]  # keep_checkpoints: 2
+
+
+def test_after_the_first_factorisation_every_group_writes_one_replica():
+    f = planner.footprint(paper_config("method=ab", "steps=45000"), 32, 4, 1000, keep=0.5)
+    c = f.checkpoint
+    assert c["replicas"] == 32
+    assert c["bytes"] == max(c["bytes_by_phase"].values()) > 10 * c["bytes_by_phase"]["full"]
+    assert c["in_ab_phase"] > 0
+    nogroups = planner.footprint(paper_config("method=ab_nogroups"), 32, 4, 1000, keep=0.5)
+    assert nogroups.checkpoint["replicas"] == 1
+
+
+def test_a_real_run_writes_what_the_planner_predicts(tmp_path):
+    """One AB run on 2 nodes x 2 ranks: its ledger rows, logs and checkpoint files."""
+    extra = ["method=ab", "keep_checkpoints=10", "tracking.ledger_rows=true"]
+    proc = launch(tmp_path, *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = tiny_config(*extra)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    ranks = [k for f in summary["factorizations"] for k in f["ranks"].values()]
+    keep = sum(ranks) / len(ranks) / cfg.model.width
+    s = planner.sizes(cfg, 10, keep)
+    groups = planner.ab_groups(cfg, 4, 2)
+    calls = planner.ledger_calls(cfg, s, groups, 4)
+
+    csv = (tmp_path / "ledger.csv").read_text().splitlines()[1:]
+    written = {}
+    for line in csv:
+        step, phase, op, n = line.split(",")[:4]
+        written[int(step), phase, op] = int(n)
+    assert written == calls  # every row, and how many collectives each one sums
+    jsonl = (tmp_path / "ledger.jsonl").read_text().splitlines()
+    assert len(jsonl) == sum(calls.values())
+    assert len((tmp_path / "train_log.csv").read_text().splitlines()) == cfg.steps + 1
+
+    carry = cfg.ab.optimizer_state == "carry"
+    for folder in sorted((tmp_path / "checkpoints").glob("step_*")):
+        step = int(folder.name.split("_")[1])
+        low_rank = step < cfg.steps and schedule.phase_at(step - 1, cfg).low_rank
+        if step <= cfg.ab.warmup_steps:  # one replica: the full-rank model
+            want = planner.saved_replica_bytes(s, "full", "a", carry)
+        else:  # one per group: A and B kept beside W, and each group's own moments
+            kind = "ab" if low_rank else "rebound"
+            want = sum(planner.saved_replica_bytes(s, kind, r, carry) for _, r in groups)
+        got = sum(p.stat().st_size for p in folder.glob("replica_*.pt"))
+        assert got == pytest.approx(want, rel=0.03), folder.name
+        evals = sum(e["step"] <= step for e in summary["evals"])
+        facts = sum(f["step"] < step for f in summary["factorizations"])
+        own = planner.rank_state_bytes(s, evals, facts, cuda=False)
+        for p in folder.glob("rank_*.pt"):
+            assert p.stat().st_size == pytest.approx(own, rel=0.05), p
+
+
+def test_memory_per_gpu_counts_what_the_trainer_holds():
+    cfg = paper_config("method=ab")
+    s = planner.sizes(cfg, 1000)
+    mem = planner.footprint(cfg, 4, 4, 1000).memory
+    assert mem["full"]["total"] == 5 * s.full  # params, grads, DDP's buckets, two moments
+    # in AB phases W stays (frozen) beside A and B, and carry keeps W's moments
+    assert mem["ab"]["params"] == s.full + s.a + s.b
+    assert mem["ab"]["moments"] == 2 * s.trained("a") + 2 * s.weights
