@@ -47,6 +47,7 @@ class ViTModel(_Model):
     heads: int = Field(ge=1)
     mlp_ratio: float = Field(gt=0)
     qkv_bias: bool
+    drop_path: float = Field(ge=0, lt=1)  # stochastic depth, rising to this over the blocks
 
     @model_validator(mode="after")
     def _shapes(self) -> ViTModel:
@@ -59,6 +60,7 @@ class ViTModel(_Model):
 
 class ResNetModel(_Model):
     name: Literal["resnet50"]
+    dropout: float = Field(ge=0, lt=1)  # before the classifier (timm's drop_rate)
 
 
 class VGGModel(_Model):
@@ -153,6 +155,9 @@ class DistConfig(_Section):
     backend: Literal["auto", "gloo", "nccl"]
     timeout_s: int = Field(gt=0)
     bucket_cap_mb: float = Field(gt=0)
+    # batch statistics over the phase's DDP group (abtrain.batchnorm), as the authors'
+    # ResNet-50 runs; false: each rank's own, as torchvision's BatchNorm
+    sync_batchnorm: bool
 
 
 class Config(_Section):

@@ -70,6 +70,8 @@ class Sizes:
     float_buffers: int  # how many are floating point (the sync averages them)
     tensors_full: int  # parameter tensors of the full-rank model
     tensors_shared: int  # of them, the ones never factorised
+    batchnorm_layers: int  # BatchNorm2d layers; with dist.sync_batchnorm each all-reduces
+    batchnorm: int  # (Σx, Σx², n) forward and their gradients backward: bytes per step
 
     @property
     def weights(self) -> int:
@@ -95,6 +97,7 @@ def sizes(cfg: Config, classes: int, keep: float = 1.0) -> Sizes:
         model = models.build(cfg, classes, features)
     params = list(model.parameters())
     full = 4 * sum(p.numel() for p in params)
+    norms = [m.num_features for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     layers = lowrank.convert(model, cfg.ab.full_rank_layers)
     weights = {id(layer.weight) for layer in layers.values()}
     a = b = 0
@@ -114,6 +117,8 @@ def sizes(cfg: Config, classes: int, keep: float = 1.0) -> Sizes:
         float_buffers=sum(t.is_floating_point() for t in model.buffers()),
         tensors_full=len(params),
         tensors_shared=sum(id(p) not in weights for p in params),
+        batchnorm_layers=len(norms),
+        batchnorm=sum(2 * 4 * (2 * c + 1) for c in norms),
     )
     _SIZES[key] = out
     return out
@@ -153,8 +158,9 @@ def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float
     n = nodes * ranks_per_node
     s = sizes(cfg, classes, keep)
     full = s.full
-    inter = 3 * 8 * nodes / n if nodes > 1 else 0.0  # node map (all-gather, ring)
-    inter += chain_inter(8, nodes, n) + chain_inter(full, nodes, n)  # tracking flag, first wrap
+    inter = (n - 1) * 8 * nodes / n if nodes > 1 else 0.0  # node map (all-gather, ring)
+    # the tracking flag; the first wrap's broadcast of rank 0's parameters and buffers
+    inter += chain_inter(8, nodes, n) + chain_inter(full + s.buffers, nodes, n)
     evals = count_evaluations(cfg)
     inter += evals * ring_inter(32, nodes, n)
     inter += len(checkpoint_steps(cfg)) * ring_inter(8, nodes, n)
@@ -162,6 +168,12 @@ def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float
     # the end (the collectives after the last step are keyed to step `steps`)
     inter += ring_inter((cfg.steps + 1) * STEP_TABLE_BYTES, nodes, n)
     kinds = [schedule.phase_at(t, cfg).kind for t in range(cfg.steps)]
+    # synced batch norm: every training step over the phase's DDP group
+    norm = ring_inter(s.batchnorm, nodes, n) if cfg.dist.sync_batchnorm else 0.0
+    if cfg.method in ("ddp", "powersgd", "ab_nogroups"):
+        inter += cfg.steps * norm
+    else:  # groups inside a node: only the full-rank steps cross
+        inter += (kinds.count("warmup") + kinds.count("rebound")) * norm
     if cfg.method == "ddp":
         return Plan(inter + cfg.steps * ring_inter(full, nodes, n), cfg.steps)
     if cfg.method == "powersgd":
@@ -316,6 +328,8 @@ def ledger_calls(
             add(t, phase.kind, "all_reduce", 3 * full_buckets * world)  # the rest, P, Q
         else:
             add(t, phase.kind, "all_reduce", full_buckets * world)
+        if cfg.dist.sync_batchnorm and s.batchnorm_layers:
+            add(t, phase.kind, "all_reduce", 2 * s.batchnorm_layers * world)
         pending |= (t + 1) % cfg.eval_every == 0
         if cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0 and t + 1 < cfg.steps:
             checkpoint(t)

@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from abtrain import checkpoint, groups, ledger, lowrank, methods, models, schedule, sync
+from abtrain import batchnorm, checkpoint, groups, ledger, lowrank, methods, models, schedule, sync
 from abtrain.config import Config, check_world
 from abtrain.data import StepSampler, make_task
 from abtrain.runstate import RunState
@@ -110,6 +110,8 @@ class Trainer:
         self.task = make_task(cfg)
         self.sampler = StepSampler(len(self.task), cfg.batch_size, self.rank, self.world, cfg.seed)
         self.model = models.build(cfg, self.task.classes, self.task.features).to(self.device)
+        if cfg.dist.sync_batchnorm:
+            batchnorm.convert(self.model)
         self.layers: dict[str, lowrank.LowRankLayer] = {}
         self.groups: groups.ABGroups | None = None
         if self.method.low_rank:
@@ -310,6 +312,7 @@ class Trainer:
             state = [p for p in self.model.parameters()] + list(self.model.buffers())
             size = sum(t.numel() * t.element_size() for t in state)
             self.ledger.record("broadcast", size, group, root=ledger.group_ranks(group)[0])
+        batchnorm.attach(self.model, group, self.ledger)
         self.ddp = DistributedDataParallel(
             self.model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,

@@ -28,6 +28,8 @@ class Run:
     ranks_per_node: int
     batch: str  # "local": train.batch_size per rank; "global": reference_global_batch in all
     set: tuple[str, ...] = ()  # further overrides of this run (another model or data set)
+    steps: int | None = None  # the run's length; None: experiments.epochs of the data
+    source: str | None = None  # where its values come from (the authors' config)
 
     @property
     def world(self) -> int:
@@ -49,10 +51,20 @@ def base_config(p: dict[str, Any], run: Run | None = None) -> abconfig.Config:
 
 
 def data_configs(p: dict[str, Any]) -> list[abconfig.ImageData]:
-    """Every image data set the experiments train on: `train.data` and runs' own."""
+    """Every image data set the pipeline trains on: `train.data`, runs' own, the search's."""
+    import copy
+
+    from pydantic import TypeAdapter
+
+    found = [base_config(p, run).data for run in [None, *runs(p).values()]]
+    if "search" in p:  # its runs: `train` with `search.train` (the paper's: CIFAR-100)
+        raw = abconfig.apply_overrides(copy.deepcopy(p["train"]), p["search"]["train"])
+        try:
+            found.append(TypeAdapter(abconfig.DataConfig).validate_python(raw["data"]))
+        except ValueError as err:
+            raise abconfig.ConfigError(f"search.train: data: {err}") from None
     seen = {}
-    for run in [None, *runs(p).values()]:
-        data = base_config(p, run).data
+    for data in found:
         if data.name != "synthetic":
             seen[data.prepared] = data
     return list(seen.values())
@@ -71,17 +83,18 @@ def run_overrides(
 ) -> list[str]:
     """The `--set` overrides that make the `train` section into this run of the matrix.
 
-    Every run sees the same number of samples (experiments.epochs); the schedule is the same
-    fraction of each run's steps; the search's best values are applied where asked for.
+    Every run sees the same number of samples (experiments.epochs) unless it gives its own
+    `steps`; the schedule is the same fraction of each run's steps; the search's best values
+    are applied where asked for; a run's own `set` comes last and wins over both (the
+    authors' per-run schedules and hyperparameters in the paper profile).
     """
     e, base = p["experiments"], base_config(p, run)
     local = base.batch_size if run.batch == "local" else e["reference_global_batch"] // run.world
     if local < 1:
         raise ValueError(f"experiments.runs.{run.name}: no samples per rank")
     size = size or train_size(base)  # a planner may pass the size of data it doesn't have
-    steps = max(1, math.floor(e["epochs"] * size / (local * run.world)))
+    steps = run.steps or max(1, math.floor(e["epochs"] * size / (local * run.world)))
     sets = [
-        *run.set,
         f"method={run.method}",
         f"batch_size={local}",
         f"steps={steps}",
@@ -102,5 +115,6 @@ def run_overrides(
     # AB phase lengths need a step at least; warm-ups may be empty
     floor = {k: 1 if k in ("ab.ab_steps", "ab.rebound_steps") else 0 for k in fractions}
     sets += [f"{k}={max(floor[k], round(v * steps))}" for k, v in fractions.items()]
+    sets += run.set
     abconfig.from_dict(p["train"], sets)  # fail here, naming the key, not inside torchrun
     return sets

@@ -27,9 +27,36 @@ NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 q = shlex.quote
 
 
+WHOLE_NUMBERS = ("cpus_per_task", "gpus_per_node", "stop_before_s", "search_nodes")
+ONE_LINE = ("partition", "account", "time")
+
+
+def checked(slurm: dict[str, Any], job_name: str) -> dict[str, Any]:
+    """`experiments.slurm` fit for a batch script, or a ValueError naming the key: a
+    #SBATCH value is one line (quoting can't carry a newline there: it would end the
+    directive and make the rest a command, or drop the directives after it), and counts
+    are whole numbers."""
+    out = dict(slurm)
+    named = [(f"experiments.slurm.{k}", slurm.get(k)) for k in ONE_LINE]
+    for key, value in [*named, ("the run name", job_name)]:
+        if value is not None and any(c < " " or c == "\x7f" for c in str(value)):
+            raise ValueError(
+                f"{key}: {str(value)!r} holds a control character; it must be one line"
+            )
+    for key in WHOLE_NUMBERS:
+        value = slurm.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not str(value).strip().isdigit():
+            raise ValueError(f"experiments.slurm.{key}: {value!r} is not a whole number")
+        out[key] = int(value)
+    return out
+
+
 def _header(
     slurm: dict[str, Any], job_name: str, nodes: int, tasks_per_node: int, log: Path
 ) -> list[str]:
+    slurm = checked(slurm, job_name)
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={q(job_name)}",
@@ -65,6 +92,10 @@ def train_script(
 ) -> str:
     """One run: `python -m abtrain ARGS` on nodes × ranks_per_node ranks."""
     lines = _header(slurm, job_name, nodes, 1, out / "slurm-%j.log")
+    # the task's cores shared among the node's ranks (torchrun sets 1 thread only for several
+    # ranks per node; one rank alone would take every core of the machine); env can override
+    threads = max(1, int(slurm["cpus_per_task"]) // int(ranks_per_node))
+    lines.append(f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{threads}}}"')
     margin = int(slurm.get("stop_before_s") or 0)
     torchrun = " ".join(
         [
@@ -124,7 +155,10 @@ def submit(script_text: str, out: Path, name: str) -> int:
     if proc.returncode:
         logs = sorted(out.glob(f"slurm-{job}.log")) or sorted(out.glob("slurm-*.log"))
         lines = logs[-1].read_text().splitlines() if logs else []
-        hits = [i for i, line in enumerate(lines) if line.startswith(("error:", "[abtrain]"))]
+        failed = re.compile(r"^(error:|\[abtrain\] rank \d+ .*failed)")  # a rank that failed
+        hits = [i for i, line in enumerate(lines) if failed.match(line)] or [
+            i for i, line in enumerate(lines) if line.startswith(("error:", "[abtrain]"))
+        ]
         first = [line for i in hits[:3] for line in lines[i : i + 3]]  # what the ranks said
         print(
             f"error: SLURM job {job} ({name}) failed with exit code {proc.returncode}. "
@@ -138,7 +172,10 @@ def submit(script_text: str, out: Path, name: str) -> int:
 
 
 def run_search(p: dict[str, Any], args: list[str], out: Path) -> int:
-    slurm = p["experiments"]["slurm"]
+    try:
+        slurm = checked(p["experiments"]["slurm"], "search")
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     nodes = int(slurm["search_nodes"])
     ranks = int(p["search"]["ranks"])
     if ranks % nodes:
@@ -151,7 +188,10 @@ def run_search(p: dict[str, Any], args: list[str], out: Path) -> int:
 
 
 def run_slurm(p: dict[str, Any], run: Any, args: list[str], out: Path) -> int:
-    text = train_script(
-        p["experiments"]["slurm"], run.nodes, run.ranks_per_node, args, out.resolve(), run.name
-    )
+    try:
+        text = train_script(
+            p["experiments"]["slurm"], run.nodes, run.ranks_per_node, args, out.resolve(), run.name
+        )
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     return submit(text, out, run.name)

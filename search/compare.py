@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain.checkpoint import atomic_write_text
-from search.record import evaluations
+from search.record import SearchError, evaluations
 
 
 def curves(out: Path) -> dict[str, Any]:
@@ -41,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (folder / "evaluations.jsonl").exists():
             print(f"error: {folder} holds no evaluations.jsonl", file=sys.stderr)
             return 2
-        results.append(curves(folder))
+        try:
+            results.append(curves(folder))
+        except SearchError as err:  # a damaged file: name it rather than a traceback
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "search_comparison.json", json.dumps(results, indent=2))
     plot(results, args.out / "search_comparison.png")

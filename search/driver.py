@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -66,6 +68,30 @@ def validate(args: argparse.Namespace, world_size: int) -> tuple[dict, space.Sea
     return raw, scfg
 
 
+def identity(raw: dict[str, Any], scfg: space.SearchConfig, world_size: int) -> dict[str, Any]:
+    """What a resume must match: the budget may grow, the rest would mix two searches."""
+    return dict(
+        backend=scfg.backend,
+        world_size=world_size,
+        ranks_per_worker=scfg.ranks_per_worker,
+        search=scfg.model_dump(mode="json", exclude={"evaluations"}),
+        train=raw["train"],
+    )
+
+
+def differing_settings(argv: list[str], world_size: int) -> list[str]:
+    """For a caller deciding before it launches (the pipeline): the settings in which these
+    arguments differ from the search already in `--out` (empty: `--resume` fits).
+
+    Raises SpaceError or ConfigError for invalid settings, OSError or ValueError for an
+    unreadable search.json.
+    """
+    args = parse(argv)
+    raw, scfg = validate(args, world_size)
+    saved = json.loads((Path(args.out) / "search.json").read_text())
+    return record.settings_differ(saved, identity(raw, scfg, world_size))
+
+
 def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
@@ -79,15 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         error = str(err)
     if error is None and world.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        identity = dict(
-            backend=scfg.backend,
-            world_size=world.size,
-            ranks_per_worker=scfg.ranks_per_worker,
-            search=scfg.model_dump(mode="json", exclude={"evaluations"}),
-            train=raw["train"],
-        )
         try:
-            state = record.open_search(out, identity, args.resume)
+            state = record.open_search(out, identity(raw, scfg, world.size), args.resume)
         except record.SearchError as err:
             error = str(err)
     error = world.bcast(error, root=0)
@@ -106,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         state["parent"] = tracking.parent(
             f"search-{scfg.backend}", scfg.model_dump(mode="json"), state.get("parent")
         )
-        record.atomic_write_text(out / "search.json", record.json.dumps(state, indent=2))
+        record.atomic_write_text(out / "search.json", json.dumps(state, indent=2))
     state = world.bcast(state, root=0)
     ctx = Context(raw, scfg, out, world, state["started"], state["parent"], tracking)
     if scfg.backend == "propulate":

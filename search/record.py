@@ -3,15 +3,19 @@ and MLflow (a parent run per search, a child run per individual or trial)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from abtrain.checkpoint import atomic_write_text, diff_keys
 from abtrain.tracking import default_uri, flatten
 
+EVALUATIONS = "evaluations.jsonl"
 STATUSES = ("ok", "pruned", "diverged", "crashed", "invalid")
 
 
@@ -19,8 +23,17 @@ class SearchError(RuntimeError):
     pass
 
 
+def settings_differ(saved: dict[str, Any], state: dict[str, Any]) -> list[str]:
+    """Dotted keys of `state` that the saved search.json holds otherwise (or not at all)."""
+    state = json.loads(json.dumps(state))  # compare as it will read back from disk
+    return diff_keys({k: saved.get(k) for k in state}, state)
+
+
 def open_search(out: Path, state: dict[str, Any], resume: bool) -> dict[str, Any]:
-    """Rank 0: start a search in `out`, or check that `--resume` continues the same one."""
+    """Rank 0: start a search in `out`, or check that `--resume` continues the same one.
+
+    A resume also mends `evaluations.jsonl` before any worker appends to it.
+    """
     path = out / "search.json"
     if path.exists():
         if not resume:
@@ -28,12 +41,15 @@ def open_search(out: Path, state: dict[str, Any], resume: bool) -> dict[str, Any
                 f"{out} already holds a search: pass --resume to continue it, or choose a new --out"
             )
         saved = json.loads(path.read_text())
-        differ = diff_keys({k: saved[k] for k in state}, state)
+        differ = settings_differ(saved, state)
         if differ:
             raise SearchError(
                 f"{out} holds a search with other settings ({', '.join(differ)} differ): "
                 "its checkpoints don't fit this run"
             )
+        mended = repair_evaluations(out)
+        if mended:
+            print(f"[search] {mended}", file=sys.stderr, flush=True)
         return saved
     if resume:
         raise SearchError(f"--resume: {out} holds no search to resume")
@@ -42,33 +58,149 @@ def open_search(out: Path, state: dict[str, Any], resume: bool) -> dict[str, Any
     return state
 
 
-def append_evaluation(out: Path, row: dict[str, Any]) -> None:
-    """One line per evaluation; an O_APPEND write of one line is atomic between workers."""
-    line = (json.dumps(row) + "\n").encode()
-    fd = os.open(out / "evaluations.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+@dataclass
+class _Torn:
+    line: int  # 1-based, for the message
+    offset: int  # where the torn line starts: everything before it is whole rows
+
+
+def _parse(path: Path, data: bytes) -> tuple[list[dict[str, Any]], _Torn | None]:
+    """The rows of an evaluations file, and its torn last line if a crash left one.
+
+    Only the last line can be torn (every append is one whole line, under a lock), so a bad
+    line anywhere else is damage no crash explains, and an error.
+    """
+    lines = data.split(b"\n")
+    filled = [i for i, line in enumerate(lines) if line.strip()]
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line) + 1)
+    rows = []
+    for i in filled:
+        try:
+            row = json.loads(lines[i].decode("utf-8", "replace"))
+            if not isinstance(row, dict) or "id" not in row:
+                raise ValueError("not an evaluation row")
+        except ValueError as err:
+            if i == filled[-1]:
+                return rows, _Torn(i + 1, offsets[i])
+            raise SearchError(
+                f"{path}:{i + 1}: not a whole evaluation ({getattr(err, 'msg', err)}); a crash "
+                "can only cut off the last line, so this file is damaged: mend or remove that "
+                "line, then resume"
+            ) from None
+        rows.append(row)
+    return rows, None
+
+
+def _read(fd: int) -> bytes:
+    size, chunks, at = os.fstat(fd).st_size, [], 0
+    while at < size:
+        chunk = os.pread(fd, size - at, at)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        at += len(chunk)
+    return b"".join(chunks)
+
+
+def _mend(fd: int, path: Path) -> str | None:
+    """With the exclusive lock held: cut a torn last line off, or end a whole one that lacks
+    its newline, so that the next append starts a line of its own."""
+    data = _read(fd)
+    _, torn = _parse(path, data)
+    if torn is not None:
+        os.ftruncate(fd, torn.offset)  # one call: the file is either as it was or cut
+        os.fsync(fd)
+        cut = len(data) - torn.offset
+        return (
+            f"{path}:{torn.line}: cut off a torn last line ({cut} bytes of a write that a "
+            "crash interrupted)"
+        )
+    if data and not data.endswith(b"\n"):
+        _write_all(fd, b"\n")
+        os.fsync(fd)
+    return None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # one write in practice; a short one (a full disk) goes on where it stopped
+        view = view[os.write(fd, view) :]
+
+
+def repair_evaluations(out: Path) -> str | None:
+    """Make `evaluations.jsonl` end on a whole line; what was cut, if anything, for the log.
+
+    Raises SearchError, naming the file and line, when a line other than the last is bad.
+    """
+    path = out / EVALUATIONS
+    if not path.exists():
+        return None
+    fd = os.open(path, os.O_RDWR | os.O_APPEND)  # a newline it adds goes at the end
     try:
-        os.write(fd, line)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _mend(fd, path)
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+def append_evaluation(out: Path, row: dict[str, Any]) -> None:
+    """One whole line per evaluation, synced before the lock is let go.
+
+    The lock, not O_APPEND alone, keeps workers' lines apart: O_APPEND is not atomic on NFS,
+    and a reader holding the shared lock never sees half an append.
+    """
+    path = out / EVALUATIONS
+    line = (json.dumps(row) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":  # resume mends this; never append to it
+            mended = _mend(fd, path)
+            if mended:
+                print(f"[search] {mended}", file=sys.stderr, flush=True)
+        _write_all(fd, line)
+        os.fsync(fd)
     finally:
         os.close(fd)
 
 
 def evaluations(out: Path) -> list[dict[str, Any]]:
     """Every evaluation, once: an individual evaluated again after a resume (Propulate's
-    checkpoint can lag its last results) keeps its latest row."""
-    path = out / "evaluations.jsonl"
-    if not path.exists():
+    checkpoint can lag its last results) keeps its latest row.
+
+    A torn last line is left out (and reported), not mended: readers don't write.
+    """
+    path = out / EVALUATIONS
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
         return []
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        data = _read(fd)
+    finally:
+        os.close(fd)
+    parsed, torn = _parse(path, data)
+    if torn is not None:
+        print(
+            f"[search] {path}:{torn.line}: torn last line (a write that a crash interrupted), "
+            "left out; --resume cuts it off",
+            file=sys.stderr,
+            flush=True,
+        )
     rows = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            rows.pop(row["id"], None)
-            rows[row["id"]] = row
+    for row in parsed:
+        rows.pop(row["id"], None)
+        rows[row["id"]] = row
     return list(rows.values())
 
 
 def write_best(out: Path) -> dict[str, Any]:
-    rows = [r for r in evaluations(out) if r["status"] in ("ok", "pruned")]
+    every = evaluations(out)
+    rows = [r for r in every if r["status"] in ("ok", "pruned")]
     if not rows:
         raise SearchError(f"{out}: no individual finished, so there is no best configuration")
     finished = [r for r in rows if r["status"] == "ok"] or rows
@@ -79,7 +211,7 @@ def write_best(out: Path) -> dict[str, Any]:
         id=best["id"],
         error=best["error"],
         median_error=errors[len(errors) // 2],
-        evaluations=len(evaluations(out)),
+        evaluations=len(every),
         params=best["params"],
         overrides=best["overrides"],
     )

@@ -21,10 +21,20 @@ def build(cfg: Config, classes: int, features: int = 0) -> nn.Module:
         model = MLP(features, m.width, m.depth, classes)
     elif m.name == "vit":
         model = ViT(
-            m.image_size, m.patch_size, m.width, m.depth, m.heads, m.mlp_ratio, m.qkv_bias, classes
+            m.image_size,
+            m.patch_size,
+            m.width,
+            m.depth,
+            m.heads,
+            m.mlp_ratio,
+            m.qkv_bias,
+            classes,
+            m.drop_path,
         )
     elif m.name == "resnet50":
         model = resnet50(weights=None, num_classes=classes)
+        # timm's drop_rate: dropout before the classifier (state_dict keys unchanged)
+        model.avgpool = nn.Sequential(model.avgpool, nn.Dropout(m.dropout))
     elif m.name == "vgg16":
         model = build_vgg16(m.layout, classes, m.dropout, m.width)
     else:

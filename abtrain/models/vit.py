@@ -44,17 +44,28 @@ class Mlp(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
+    """Stochastic depth: drop a residual branch for whole samples, rescale the rest."""
+    if p == 0 or not training:
+        return x
+    keep = x.new_empty(x.shape[0], *([1] * (x.dim() - 1))).bernoulli_(1 - p)
+    return x * keep / (1 - p)
+
+
 class Block(nn.Module):
-    def __init__(self, width: int, heads: int, mlp_ratio: float, qkv_bias: bool) -> None:
+    def __init__(
+        self, width: int, heads: int, mlp_ratio: float, qkv_bias: bool, drop: float
+    ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(width, eps=1e-6)
         self.attn = Attention(width, heads, qkv_bias)
         self.norm2 = nn.LayerNorm(width, eps=1e-6)
         self.mlp = Mlp(width, int(width * mlp_ratio))
+        self.drop = drop
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        x = x + drop_path(self.attn(self.norm1(x)), self.drop, self.training)
+        return x + drop_path(self.mlp(self.norm2(x)), self.drop, self.training)
 
 
 class ViT(nn.Module):
@@ -68,14 +79,17 @@ class ViT(nn.Module):
         mlp_ratio: float,
         qkv_bias: bool,
         classes: int,
+        drop_path: float = 0.0,
     ) -> None:
         super().__init__()
         tokens = (image_size // patch_size) ** 2
         self.patch_embed = PatchEmbed(patch_size, width)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
         self.pos_embed = nn.Parameter(torch.randn(1, tokens + 1, width) * 0.02)
+        # as timm: the drop-path rate rises linearly from 0 to `drop_path` over the blocks
+        rates = [drop_path * i / max(1, depth - 1) for i in range(depth)]
         self.blocks = nn.Sequential(
-            *(Block(width, heads, mlp_ratio, qkv_bias) for _ in range(depth))
+            *(Block(width, heads, mlp_ratio, qkv_bias, rate) for rate in rates)
         )
         self.norm = nn.LayerNorm(width, eps=1e-6)
         self.head = nn.Linear(width, classes)

@@ -5,7 +5,7 @@ from abtrain import lowrank, models
 from abtrain.models.init import ortho_sigma_
 from tests.conftest import tiny_config
 
-VIT = "{name: vit, image_size: 16, patch_size: 4, width: 32, depth: 2, heads: 2, mlp_ratio: 2.0, qkv_bias: false, init: ortho_sigma}"
+VIT = "{name: vit, image_size: 16, patch_size: 4, width: 32, depth: 2, heads: 2, mlp_ratio: 2.0, qkv_bias: false, drop_path: 0.0, init: ortho_sigma}"
 
 
 def fwd_bwd(model, size, classes=10):
@@ -20,7 +20,7 @@ def fwd_bwd(model, size, classes=10):
     "model,size",
     [
         (VIT, 16),
-        ("{name: resnet50, init: default}", 32),
+        ("{name: resnet50, dropout: 0.0, init: default}", 32),
         ("{name: vgg16, layout: torchvision, width: 64, dropout: 0.0, init: default}", 32),
         ("{name: vgg16, layout: timm, width: 64, dropout: 0.0, init: default}", 32),
     ],
@@ -32,7 +32,7 @@ def test_each_model_builds_and_trains_a_step(model, size):
 def test_mini_vit_as_the_authors_configured_it_has_42_8m_parameters():
     cfg = tiny_config(
         "model={name: vit, image_size: 32, patch_size: 8, width: 768, depth: 6, heads: 6, "
-        "mlp_ratio: 4.0, qkv_bias: false, init: default}"
+        "mlp_ratio: 4.0, qkv_bias: false, drop_path: 0.0, init: default}"
     )
     with torch.device("meta"):
         model = models.build(cfg, classes=100)
@@ -103,3 +103,17 @@ def test_ortho_sigma_sets_every_singular_value_to_one_identically_on_every_build
     m = torch.nn.Linear(5, 3)
     ortho_sigma_(m)
     torch.testing.assert_close(m.weight @ m.weight.T, torch.eye(3), atol=1e-5, rtol=0)
+
+
+def test_regularisation_of_the_authors_runs_drop_path_and_dropout():
+    vit_cfg = tiny_config("model=" + VIT.replace("drop_path: 0.0", "drop_path: 0.5"))
+    vit = models.build(vit_cfg, classes=10)
+    assert [b.drop for b in vit.blocks] == [0.0, 0.5]  # rising over the blocks, as timm's
+    x = torch.randn(8, 3, 16, 16)
+    vit.train()
+    assert not torch.equal(vit(x), vit(x))  # whole residual branches dropped per sample
+    vit.eval()
+    assert torch.equal(vit(x), vit(x))
+    r50 = models.build(tiny_config("model={name: resnet50, dropout: 0.1, init: default}"), 10)
+    assert isinstance(r50.avgpool[1], torch.nn.Dropout) and r50.avgpool[1].p == 0.1
+    assert "fc.weight" in r50.state_dict()  # the classifier keeps its name

@@ -25,6 +25,7 @@ TINY_VIT = {
     "heads": 2,
     "mlp_ratio": 2.0,
     "qkv_bias": False,
+    "drop_path": 0.0,
     "init": "ortho_sigma",
 }
 

@@ -17,10 +17,17 @@ from search.driver import main
 from tests.conftest import ROOT
 
 MPIRUN = Path(sys.executable).parent / "mpirun"
-TINY_TRAIN = (
-    "search.train=[method=ab, steps=24, eval_every=8, checkpoint_every=0, ab.warmup_steps=4, "
-    '"model={name: mlp, width: 64, depth: 3, init: default}", '
-    '"data={name: synthetic, features: 64, classes: 10, train_samples: 2000, val_samples: 400}"]'
+TINY_SEARCH_TRAIN = [
+    "method=ab",
+    "steps=24",
+    "eval_every=8",
+    "checkpoint_every=0",
+    "ab.warmup_steps=4",
+    "model={name: mlp, width: 64, depth: 3, init: default}",
+    "data={name: synthetic, features: 64, classes: 10, train_samples: 2000, val_samples: 400}",
+]
+TINY_TRAIN = "search.train=[{}]".format(
+    ", ".join(f'"{t}"' if "{" in t else t for t in TINY_SEARCH_TRAIN)
 )
 
 
@@ -58,8 +65,9 @@ def run(cmd, timeout=300):
     return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
-def kill_after(cmd, out: Path, rows: int, timeout=240):
-    """Start the search, and SIGKILL the whole job once `rows` evaluations are on disk."""
+def kill_after(cmd, out: Path, rows: int, timeout=240, also: Path | None = None):
+    """Start the search, and SIGKILL the whole job once `rows` evaluations (and `also`) are
+    on disk."""
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -70,7 +78,7 @@ def kill_after(cmd, out: Path, rows: int, timeout=240):
     )
     deadline = time.monotonic() + timeout
     try:
-        while len(record.evaluations(out)) < rows:
+        while len(record.evaluations(out)) < rows or also and not also.exists():
             assert proc.poll() is None, "the search ended before it could be killed"
             assert time.monotonic() < deadline, "no evaluations in time"
             time.sleep(0.5)
@@ -84,11 +92,14 @@ def test_search_is_killed_resumed_and_leaves_best_config_and_mlflow_runs(tmp_pat
     out, db = tmp_path / "search", tmp_path / "mlflow.db"
     budget = 8
     cmd = search_cmd(out, db, backend, budget)
-    kill_after(cmd, out, rows=2)
+    # Propulate dumps after the evaluation of one worker per generation, not always the
+    # first to finish: wait for it, or the kill can come before any checkpoint.
+    ckpt = out / "checkpoints" / "island_0_ckpt.pickle"
+    kill_after(cmd, out, rows=2, also=ckpt if backend == "propulate" else None)
     killed = len(record.evaluations(out))
     assert 2 <= killed < budget and not (out / "best.json").exists()
     if backend == "propulate":
-        assert (out / "checkpoints" / "island_0_ckpt.pickle").exists()
+        assert ckpt.exists()
     else:
         assert (out / "optuna.journal").exists()
 
@@ -121,14 +132,85 @@ def test_search_is_killed_resumed_and_leaves_best_config_and_mlflow_runs(tmp_pat
     ]
     assert not [c for c in children if c.info.status == "RUNNING"]  # stale ones: KILLED
     done = [c for c in children if c.info.status in ("FINISHED", "FAILED")]
-    assert len(done) == len(rows) + (
-        len(children) - len(done) - sum(1 for c in children if c.info.status == "KILLED")
-    )
+    # One ended child per line, a re-run individual included; a kill can fall between a
+    # row and the end of its child.
+    lines = (out / "evaluations.jsonl").read_text().splitlines()
+    assert len(lines) - 1 <= len(done) <= len(lines)
     assert {"pruned", "status"} <= set(done[0].data.tags)
     key = "island" if backend == "propulate" else "trial"
     assert all(key in c.data.tags and "worker" in c.data.tags for c in children)
     assert client.get_metric_history(done[0].info.run_id, "val_error")
     assert set(done[0].data.params) == set(space.load(_search_raw()).space)
+
+
+@pytest.mark.parametrize("backend", ["propulate", "optuna"])
+def test_a_row_torn_by_a_crash_is_cut_off_on_resume_and_every_finished_row_kept(tmp_path, backend):
+    out, db = tmp_path / "search", tmp_path / "mlflow.db"
+    cmd = search_cmd(out, db, backend, 4, "--set", "train.tracking.enabled=false")
+    kill_after(cmd, out, rows=2)
+    path = out / "evaluations.jsonl"
+    data = path.read_bytes()
+    whole = data.splitlines(keepends=True)
+    kept, last = whole[:-1], whole[-1]
+    os.truncate(path, len(data) - len(last) // 2)  # the crash: half the last row reached disk
+    assert [r["id"] for r in record.evaluations(out)] == [json.loads(k)["id"] for k in kept]
+
+    resumed = run(cmd + ["--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{path}:{len(whole)}: cut off a torn last line" in resumed.stderr
+    after = path.read_bytes()
+    lines = after.splitlines(keepends=True)
+    assert lines[: len(kept)] == kept  # every finished row, byte for byte
+    assert after.endswith(b"\n") and last not in lines
+    new = [json.loads(line) for line in lines[len(kept) :]]  # the torn piece is gone too
+    assert new and all(r["status"] in record.STATUSES for r in new)
+    rows = record.evaluations(out)
+    best = json.loads((out / "best.json").read_text())
+    assert best["evaluations"] == len(rows)
+    assert best["error"] == min(r["error"] for r in rows if r["status"] == "ok")
+
+
+def test_the_stage_keeps_a_search_it_cannot_resume_and_moves_aside_one_with_other_settings(
+    tmp_path, monkeypatch, capfd
+):
+    import yaml
+
+    from pipeline import search as stage
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["experiments"]["launcher"] = "local"
+    params["search"].update(evaluations=2, train=TINY_SEARCH_TRAIN)
+    params["train"]["tracking"]["enabled"] = False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    out = tmp_path / "runs" / "search" / "optuna"
+    path = out / "evaluations.jsonl"
+    assert stage.main("optuna") == 0
+
+    # A kill before the end, and a block of the first row lost to the disk (zeros): only
+    # the last line can be torn by a crash, so the resume must refuse, not guess.
+    (out / "best.json").unlink()
+    data = bytearray(path.read_bytes())
+    assert data.count(b"\n") == 2
+    data[10:30] = bytes(20)
+    path.write_bytes(bytes(data))
+    capfd.readouterr()
+    assert stage.main("optuna") != 0
+    err = capfd.readouterr().err
+    assert f"{path.resolve()}:1: not a whole evaluation" in err
+    assert f"could not resume the search in {out.resolve()} " in err
+    assert path.read_bytes() == bytes(data) and (out / "search.json").exists()
+
+    params["search"]["seed"] = 1  # other settings: the stage reruns, and keeps the old search
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert stage.main("optuna") == 0
+    moved = list(out.parent.glob("optuna.moved-*"))
+    assert len(moved) == 1 and (moved[0] / "evaluations.jsonl").read_bytes() == bytes(data)
+    assert "search.seed" in capfd.readouterr().out
+    assert len(record.evaluations(out)) == 2 and (out / "best.json").exists()
 
 
 def _search_raw():

@@ -1,0 +1,101 @@
+"""Batch statistics over a group: the same as one process with the whole batch, counted by
+the ledger, and identical running statistics on every rank of a real ResNet-50 run."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from abtrain import batchnorm, checkpoint, planner
+from abtrain.ledger import Ledger
+from tests.abtrain.test_data import write_tree
+from tests.conftest import PARAMS, ROOT, launch, spawn, summary, tiny_config
+
+BATCH = torch.Generator().manual_seed(0)
+X = torch.randn(8, 3, 5, 5, generator=BATCH) * 2 + 1
+W = torch.randn(8, 3, 5, 5, generator=BATCH)  # weights of a loss, so gradients differ
+
+
+def one_step(bn: nn.BatchNorm2d, x: torch.Tensor, w: torch.Tensor) -> dict:
+    x = x.clone().requires_grad_()
+    (bn(x) * w).sum().backward()
+    return dict(
+        x_grad=x.grad,
+        weight_grad=bn.weight.grad,
+        running_mean=bn.running_mean.clone(),
+        running_var=bn.running_var.clone(),
+    )
+
+
+def synced_half(rank, world):
+    ledger = Ledger(rank, [0, 1], keep_rows=True)
+    bn = batchnorm.SyncedBatchNorm2d(3)
+    bn.ledger = ledger
+    half = slice(4 * rank, 4 * rank + 4)
+    # plain lists: tensors would travel back as shared memory of an exiting process
+    out = {k: v.tolist() for k, v in one_step(bn, X[half], W[half]).items()}
+    out["ops"] = [(r["op"], r["payload_bytes"]) for r in ledger.rows]
+    return out
+
+
+def test_two_ranks_with_half_the_batch_each_equal_one_process_with_all_of_it():
+    single = one_step(nn.BatchNorm2d(3), X, W)
+    ranks = spawn(synced_half, world=2, ranks_per_node=1)
+    ranks = [{k: v if k == "ops" else torch.tensor(v) for k, v in r.items()} for r in ranks]
+    for rank, got in enumerate(ranks):
+        half = slice(4 * rank, 4 * rank + 4)
+        torch.testing.assert_close(got["x_grad"], single["x_grad"][half], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(got["running_mean"], single["running_mean"])
+        torch.testing.assert_close(got["running_var"], single["running_var"])
+        # (Σx, Σx², n) forward and their gradients backward: 2·3 + 1 floats each way
+        assert got["ops"] == [("all_reduce", 28), ("all_reduce", 28)]
+    # DDP averages the weight gradients of the ranks: the single process's gradient
+    mean_grad = (ranks[0]["weight_grad"] + ranks[1]["weight_grad"]) / 2
+    torch.testing.assert_close(2 * mean_grad, single["weight_grad"], atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    write_tree(root / "tree", per_class=8, size=32)
+    return root
+
+
+def resnet_overrides(out, images, sync: bool) -> list[str]:
+    return [
+        "method=ddp",
+        "steps=3",
+        "batch_size=4",
+        "eval_every=3",
+        "checkpoint_every=1",
+        "keep_checkpoints=10",
+        "model={name: resnet50, dropout: 0.0, init: default}",
+        f"data={{name: imagefolder, source: {images / 'tree'}, sha256: null, "
+        f"prepared: {out / 'prepared'}, train_per_class: 0, val_per_class: 0, "
+        "image_size: 32, augment: true, workers: 0}",
+        f"dist.sync_batchnorm={str(sync).lower()}",
+    ]
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_resnet50_ranks_hold_identical_batchnorm_statistics_after_every_step(
+    tmp_path, images, sync
+):
+    overrides = resnet_overrides(tmp_path, images, sync)
+    prep = [sys.executable, "-m", "abtrain", "prepare", "--config", str(PARAMS)]
+    assert subprocess.run([*prep, "--set", overrides[-2]], cwd=ROOT).returncode == 0
+    proc = launch(tmp_path / "run", *overrides, nnodes=2, nproc=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    root = tmp_path / "run" / "checkpoints"
+    for step in (1, 2, 3):
+        own = [checkpoint.load(root, step, r)[0]["buffers"] for r in range(2)]
+        stats = [k for k in own[0] if k.endswith(("running_mean", "running_var"))]
+        assert len(stats) == 2 * 53  # every BatchNorm of ResNet-50
+        same = all(torch.equal(own[0][k], own[1][k]) for k in stats)
+        assert same == sync, step  # per-rank statistics differ, as they would without it
+    # the planner counts the synced statistics' traffic exactly
+    predicted = planner.plan(tiny_config(*overrides), nodes=2, ranks_per_node=1, classes=2)
+    measured = summary(tmp_path / "run")["traffic"]["inter_node_bytes"]
+    assert predicted.inter_bytes == pytest.approx(measured, rel=1e-9), tmp_path
