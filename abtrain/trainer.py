@@ -319,6 +319,7 @@ class Trainer:
             process_group=group,
             init_sync=init_sync,
             forward_sync_buffers=False,
+            gradient_as_bucket_view=True,  # one copy of the gradients, not two
             bucket_cap_mb=self.method.bucket_cap_mb(self.cfg, self.backend),
         )
         self.ddp.register_comm_hook(*self.method.comm_hook(self.cfg, self.ledger, group))

@@ -58,12 +58,15 @@ def main(name: str) -> int:
     if code:
         return code
     summary = json.loads((out / "summary.json").read_text())
+    cfg = abconfig.load(PARAMS, sets)
     summary["run"] = dict(
         name=name,
         nodes=run.nodes,
         ranks_per_node=run.ranks_per_node,
         batch=run.batch,
-        global_batch=summary["world_size"] * abconfig.load(PARAMS, sets).batch_size,
+        global_batch=summary["world_size"] * cfg.batch_size,
+        model=cfg.model.name,  # a run's ddp baseline is that of the same model and data
+        data=cfg.data.name,
     )
     atomic_write_text(Path("metrics") / f"{name}.json", json.dumps(summary, indent=2))
     curve = [

@@ -1,0 +1,40 @@
+"""The report compares GB/s with GB/s: AB's inter-node rate over wall time against DDP's,
+split into named parts that add up."""
+
+import pytest
+
+from pipeline import report
+
+
+def summary(method, by_phase, wall):
+    run = dict(nodes=2, ranks_per_node=2, batch="local", global_batch=128, model="vit", data="x")
+    inter = sum(by_phase.values())
+    return dict(
+        method=method,
+        steps=100,
+        wall_seconds=wall,
+        run=run,
+        traffic=dict(
+            inter_node_bytes=inter,
+            total_bytes=inter,
+            by_phase={k: dict(inter=v, intra=0.0, total=v) for k, v in by_phase.items()},
+        ),
+    )
+
+
+def test_table1_sets_the_rate_ratio_beside_the_byte_ratio_and_splits_it():
+    done = {
+        "ddp": summary("ddp", {"full": 1000.0, "setup": 10.0}, wall=50.0),
+        "ab": summary(
+            "ab", {"warmup": 300.0, "rebound": 60.0, "sync": 40.0, "ab": 0.0, "eval": 5.0}, 80.0
+        ),
+    }
+    rows = {r["run"]: r for r in report.table1(done)}
+    ab = rows["ab"]
+    assert ab["ratio_to_ddp"] == pytest.approx(405 / 1010)
+    assert ab["rate_ratio_to_ddp"] == pytest.approx((405 / 80) / (1010 / 50))
+    parts = ab["part_full_rank_steps"] + ab["part_syncs"] + ab["part_ab_steps"] + ab["part_other"]
+    assert parts == pytest.approx(ab["ratio_to_ddp"])
+    assert ab["part_full_rank_steps"] == pytest.approx(360 / 1010)
+    assert ab["ratio_to_ddp"] * ab["time_factor"] == pytest.approx(ab["rate_ratio_to_ddp"])
+    assert rows["ddp"]["rate_ratio_to_ddp"] == pytest.approx(1.0)
