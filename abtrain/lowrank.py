@@ -24,8 +24,19 @@ def keep_rank(sigma: Tensor, sigma_cutoff: float) -> int:
 
 
 def svd(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Thin SVD of the matrix view, in float32 whatever the parameter's dtype."""
-    return torch.linalg.svd(as_matrix(weight).float(), full_matrices=False)
+    """Thin SVD of the matrix view, in float32 whatever the parameter's dtype.
+
+    LAPACK's float32 divide-and-conquer SVD can fail on a well-conditioned matrix (seen with
+    MKL on one thread: "Parameter 4 was incorrect on entry to SLASCL", σ between 0.5 and 2):
+    such a matrix is decomposed again in float64, deterministically, so every rank holding
+    the same weights still gets the same factors.
+    """
+    m = as_matrix(weight).float()
+    try:
+        return torch.linalg.svd(m, full_matrices=False)
+    except torch.linalg.LinAlgError:
+        u, s, vh = torch.linalg.svd(m.double(), full_matrices=False)
+        return u.float(), s.float(), vh.float()
 
 
 def split(u: Tensor, s: Tensor, vh: Tensor, k: int) -> tuple[Tensor, Tensor]:

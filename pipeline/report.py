@@ -136,7 +136,8 @@ def table2(done: dict[str, dict], p: dict) -> list[dict[str, Any]]:
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     buf = io.StringIO()
     if rows:
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        # rows may differ in columns (AB's parts of its traffic): every column, in order
+        w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)
     atomic_write_text(path, buf.getvalue())

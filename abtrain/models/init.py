@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from abtrain import lowrank
+
 
 @torch.no_grad()
 def ortho_sigma_(model: nn.Module) -> None:
@@ -15,6 +17,5 @@ def ortho_sigma_(model: nn.Module) -> None:
     for p in model.parameters():
         if p.dim() < 2:
             continue
-        m = p.reshape(p.shape[0], -1).float()
-        u, _, vh = torch.linalg.svd(m, full_matrices=False)
+        u, _, vh = lowrank.svd(p)  # of the float32 matrix view (float64 where LAPACK fails)
         p.copy_((u @ vh).view_as(p).to(p.dtype))

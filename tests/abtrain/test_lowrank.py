@@ -116,3 +116,20 @@ def test_rank_agrees_across_ranks_whose_sigma_differ():
     results = spawn(_agree)
     assert [r[0] for r in results] == [3, 2, 1, 5]  # each rank alone would differ
     assert {r[1:] for r in results} == {(5, (12, 5), (5, 9))}  # the world keeps the max
+
+
+def test_svd_falls_back_to_float64_where_lapack_fails_in_float32(monkeypatch):
+    """MKL's float32 SVD failed on one thread on a well-conditioned 1024 × 1024 weight
+    ("Parameter 4 was incorrect on entry to SLASCL"); that matrix is decomposed in float64."""
+    real = torch.linalg.svd
+
+    def flaky(m, full_matrices=True):
+        if m.dtype == torch.float32:
+            raise torch.linalg.LinAlgError("linalg.svd: The algorithm failed to converge")
+        return real(m, full_matrices=full_matrices)
+
+    w = torch.randn(12, 3, 2, 2)
+    monkeypatch.setattr(torch.linalg, "svd", flaky)
+    u, s, vh = lowrank.svd(w)
+    assert u.dtype == s.dtype == vh.dtype == torch.float32
+    torch.testing.assert_close((u * s) @ vh, w.reshape(12, -1), atol=1e-5, rtol=1e-5)

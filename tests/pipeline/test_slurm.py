@@ -137,6 +137,15 @@ def test_generated_scripts_quote_every_value(tmp_path):
         slurm.train_script({**SLURM, "env": {"A;B": "1"}}, 1, 1, [], tmp_path, "x")
 
 
+def test_each_rank_gets_its_share_of_the_task_cores(tmp_path):
+    four = {**SLURM, "cpus_per_task": 16, "env": {}}
+    assert 'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"' in slurm.train_script(
+        four, 2, 4, ["train"], tmp_path, "x"
+    )
+    one = slurm.train_script({**SLURM, "env": {}}, 2, 1, ["train"], tmp_path, "x")
+    assert 'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"' in one
+
+
 def test_the_search_runs_as_one_slurm_job_with_mpi_inside(in_cluster, tmp_path):
     out = tmp_path / "search"
     params = {"search": {"ranks": 4}, "experiments": {"slurm": SLURM}}
