@@ -1,12 +1,10 @@
 """What a run keeps grows with its steps alone, by a small constant, and a checkpoint holds
 each distinct state once: checked on real 2 × 2 runs with many gradient buckets."""
 
-import io
-
 import pytest
-import torch
 
-from abtrain import checkpoint, ledger, models
+from abtrain import checkpoint, ledger
+from bench.footprint import checkpoint_bytes, kept_bytes, one_copy_bytes
 from tests.conftest import launch, summary, tiny_config
 
 # A deeper MLP with one bucket per parameter: many collectives per step, as ViT-B/16's
@@ -16,31 +14,6 @@ MANY_BUCKETS = [
     "dist.bucket_cap_mb=0.001",
     "tracking.ledger_rows=false",
 ]
-
-
-def run_folder_bytes(d):
-    """What a run keeps besides its checkpoints and final weights: ledger, logs, summary."""
-    return sum(
-        p.stat().st_size
-        for p in d.rglob("*")
-        if p.is_file() and "checkpoints" not in p.parts and p.name != "model.pt"
-    )
-
-
-def checkpoint_bytes(d, step):
-    return sum(p.stat().st_size for p in checkpoint.step_dir(d / "checkpoints", step).iterdir())
-
-
-def one_copy_bytes(method):
-    """torch.save of one model + AdamW state of the same shapes, as one replica holds it."""
-    cfg = tiny_config(f"method={method}", *MANY_BUCKETS)
-    model = models.build(cfg, cfg.data.classes, cfg.data.features)
-    opt = torch.optim.AdamW(model.parameters())
-    model(torch.randn(2, cfg.data.features)).sum().backward()
-    opt.step()
-    buf = io.BytesIO()
-    torch.save(dict(model=model.state_dict(), optim=opt.state_dict()), buf)
-    return len(buf.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +33,7 @@ def test_run_folder_and_checkpoint_grow_by_at_most_600_bytes_a_step(ddp_runs):
     calls = sum(r["calls"] for r in rows if r["phase"] == "full" and r["op"] == "all_reduce")
     assert calls >= 80 * 10  # the buckets really are many: at least 10 all-reduces a step
     assert not (long / "ledger.jsonl").exists() and not (long / "ledger").exists()
-    per_step = (run_folder_bytes(long) - run_folder_bytes(short)) / 40
+    per_step = (kept_bytes(long) - kept_bytes(short)) / 40
     assert 0 < per_step <= 600, per_step
     growth = (checkpoint_bytes(long, 80) - checkpoint_bytes(short, 40)) / 40
     assert growth <= 600, growth
@@ -77,7 +50,7 @@ def test_ddp_checkpoint_is_one_copy_of_model_and_optimizer(ddp_runs):
         "rank_3.pt",
         "replica_0.pt",
     ]
-    ratio = checkpoint_bytes(d, 40) / one_copy_bytes("ddp")
+    ratio = checkpoint_bytes(d, 40) / one_copy_bytes(tiny_config("method=ddp", *MANY_BUCKETS))
     assert ratio <= 1.6, ratio
 
 

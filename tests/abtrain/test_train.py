@@ -150,6 +150,27 @@ def test_ddp_equals_one_process_on_the_concatenated_batch(runs, tmp_path):
         torch.testing.assert_close(value, single[key], atol=2e-5, rtol=1e-4)
 
 
+def assert_one_replica_per_group(run_dir, step):
+    """Each A/B group is one replica: its state is written once, by its first rank."""
+    saved = sorted(p.name for p in checkpoint.step_dir(run_dir / "checkpoints", step).iterdir())
+    assert saved == [
+        "meta.json",
+        *(f"rank_{r}.pt" for r in range(4)),
+        "replica_0.pt",
+        "replica_2.pt",
+    ]
+
+
+def resume_and_compare(uninterrupted, run_dir, said):
+    resumed = launch(run_dir, "method=ab")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert said in resumed.stdout
+    for rank in range(4):
+        want, got = final_weights(uninterrupted, rank), final_weights(run_dir, rank)
+        for key in want:
+            assert torch.equal(want[key], got[key]), (rank, key)
+
+
 def test_killed_run_resumes_to_the_same_weights_and_loss_bit_for_bit(runs, tmp_path):
     # rank 3 dies at step 25, inside an AB phase (replicas differ); last checkpoint: step 20
     start = time.monotonic()
@@ -160,22 +181,8 @@ def test_killed_run_resumes_to_the_same_weights_and_loss_bit_for_bit(runs, tmp_p
     assert re.search(r"rank\s*:\s*3 \(local_rank: 1\)", log), log[-3000:]  # torchrun names it
     assert re.search(r"rank [0-2] \(node \d\) failed", log)  # survivors stopped by themselves
     assert (tmp_path / "checkpoints" / "LATEST").read_text().strip() == "20"
-    # inside an AB phase each group is one replica: its state is written once
-    saved = sorted(p.name for p in checkpoint.step_dir(tmp_path / "checkpoints", 20).iterdir())
-    assert saved == [
-        "meta.json",
-        *(f"rank_{r}.pt" for r in range(4)),
-        "replica_0.pt",
-        "replica_2.pt",
-    ]
-
-    resumed = launch(tmp_path, "method=ab")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from step 20 (ab phase)" in resumed.stdout
-    for rank in range(4):
-        want, got = final_weights(runs["ab"], rank), final_weights(tmp_path, rank)
-        for key in want:
-            assert torch.equal(want[key], got[key]), (rank, key)
+    assert_one_replica_per_group(tmp_path, 20)  # inside an AB phase
+    resume_and_compare(runs["ab"], tmp_path, "resumed from step 20 (ab phase)")
     a, b = summary(runs["ab"]), summary(tmp_path)
 
     def timeless(evals):
@@ -191,20 +198,8 @@ def test_a_run_killed_after_a_rebound_checkpoint_resumes_bit_for_bit(runs, tmp_p
     # AdamW moments of their own for the next AB phase, so each group saves its replica
     killed = launch(tmp_path, "method=ab", env={"ABTRAIN_FAIL_AT": "1:33"})
     assert killed.returncode != 0
-    saved = sorted(p.name for p in checkpoint.step_dir(tmp_path / "checkpoints", 30).iterdir())
-    assert saved == [
-        "meta.json",
-        *(f"rank_{r}.pt" for r in range(4)),
-        "replica_0.pt",
-        "replica_2.pt",
-    ]
-    resumed = launch(tmp_path, "method=ab")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from step 30 (rebound phase)" in resumed.stdout
-    for rank in range(4):
-        want, got = final_weights(runs["ab"], rank), final_weights(tmp_path, rank)
-        for key in want:
-            assert torch.equal(want[key], got[key]), (rank, key)
+    assert_one_replica_per_group(tmp_path, 30)
+    resume_and_compare(runs["ab"], tmp_path, "resumed from step 30 (rebound phase)")
     assert summary(tmp_path)["train_loss_final"] == summary(runs["ab"])["train_loss_final"]
 
 
