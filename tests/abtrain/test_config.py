@@ -93,6 +93,12 @@ def sets(*overrides: str) -> list[str]:
     return [a for o in overrides for a in ("--set", o)]
 
 
+def check_on(world: int, per_node: int, *args: str) -> subprocess.CompletedProcess:
+    """`abtrain check` of params.yaml for `world` ranks, `per_node` on each node."""
+    where = ["--world-size", str(world), "--ranks-per-node", str(per_node)]
+    return cli("check", "--config", "params.yaml", *where, *args)
+
+
 @pytest.mark.parametrize(
     "override,key",
     [
@@ -106,16 +112,7 @@ def sets(*overrides: str) -> list[str]:
     ],
 )
 def test_cli_check_names_the_key_of_a_non_finite_or_out_of_range_value(override, key):
-    run = cli(
-        "check",
-        "--config",
-        "params.yaml",
-        "--world-size",
-        "4",
-        "--ranks-per-node",
-        "2",
-        *sets(override),
-    )
+    run = check_on(4, 2, *sets(override))
     assert run.returncode == 2 and f"{key}:" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
 
@@ -143,27 +140,9 @@ def test_cli_check_refuses_a_batch_larger_than_the_data(tmp_path):
     synthetic = (
         "data={name: synthetic, features: 8, classes: 2, train_samples: 100, val_samples: 10}"
     )
-    ok = cli(
-        "check",
-        "--config",
-        "params.yaml",
-        "--world-size",
-        "2",
-        "--ranks-per-node",
-        "1",
-        *sets(synthetic, "batch_size=50"),
-    )
+    ok = check_on(2, 1, *sets(synthetic, "batch_size=50"))
     assert ok.returncode == 0, ok.stderr
-    run = cli(
-        "check",
-        "--config",
-        "params.yaml",
-        "--world-size",
-        "4",
-        "--ranks-per-node",
-        "2",
-        *sets(synthetic, "batch_size=32"),
-    )
+    run = check_on(4, 2, *sets(synthetic, "batch_size=32"))
     assert run.returncode == 2 and "batch_size=32" in run.stderr, run.stderr
     assert "global batch of 128" in run.stderr and "100 training samples" in run.stderr
 
@@ -174,16 +153,7 @@ def test_cli_check_refuses_a_batch_larger_than_the_data(tmp_path):
         "augment: true, workers: 0}"
     )
     assert cli("prepare", "--config", "params.yaml", *sets(image)).returncode == 0
-    run = cli(
-        "check",
-        "--config",
-        "params.yaml",
-        "--world-size",
-        "4",
-        "--ranks-per-node",
-        "2",
-        *sets(image, "batch_size=2"),
-    )
+    run = check_on(4, 2, *sets(image, "batch_size=2"))
     assert run.returncode == 2 and "batch_size=2" in run.stderr, run.stderr
     assert "6 training samples" in run.stderr and "meta.json" in run.stderr
     cifar = "data.name=cifar10", "data.source=null", "data.train_per_class=10"
