@@ -5,7 +5,9 @@ inter-node bytes each rank sends, in total and per step, for the ring/chain wire
 `abtrain.ledger`; and what the run keeps (`footprint`): model and optimizer memory per
 GPU, checkpoint bytes and disk, ledger and log records. The ranks of the factorised layers
 are what training decides; the planner takes them as an assumption: a fraction of each
-layer's full rank (`keep`).
+layer's full rank (`keep`). And how long a run takes over a given link (`timing`): each
+step's compute (measured or stated) plus its node's bytes over the link; from it the rate,
+GB/s per process over wall time, the quantity of the paper's Table 1.
 """
 
 from __future__ import annotations
@@ -43,16 +45,6 @@ FACTORIZATION_BYTES = 40
 PENDING_STEP_OVERHEAD = 300
 # Per-collective rows (if switched on) wait in memory until the flush as dicts (~1 KB).
 ROW_MEMORY = 1_000
-
-
-@dataclass
-class Plan:
-    inter_bytes: float  # per rank over the run
-    steps: int
-
-    @property
-    def per_step(self) -> float:
-        return self.inter_bytes / self.steps
 
 
 @dataclass(frozen=True)
@@ -154,52 +146,155 @@ def checkpoint_steps(cfg: Config) -> list[int]:
     return [*(range(every, cfg.steps, every) if every else ()), cfg.steps]
 
 
+@dataclass
+class Plan:
+    """Inter-node bytes each rank sends (the mean over ranks), split by where they go.
+
+    `step_bytes[kind]`: one training step of that phase kind ('full' for methods without
+    phases; 'warmup', 'ab', 'rebound' for AB); `steps[kind]`: how many such steps;
+    `event_bytes`: what is sent outside training steps: 'sync' (factor averaging and
+    agreeing on ranks), 'setup', 'eval', 'checkpoint' (flags and the ledger's tables);
+    `syncs`: how many syncs."""
+
+    steps: dict[str, int]
+    step_bytes: dict[str, float]
+    event_bytes: dict[str, float]
+    syncs: int = 0
+
+    @property
+    def total_steps(self) -> int:
+        return sum(self.steps.values())
+
+    @property
+    def inter_bytes(self) -> float:
+        """Per rank over the run."""
+        return sum(self.steps[k] * self.step_bytes[k] for k in self.steps) + sum(
+            self.event_bytes.values()
+        )
+
+    @property
+    def per_step(self) -> float:
+        return self.inter_bytes / self.total_steps
+
+
+def _powersgd_bytes(cfg: Config, classes: int) -> int:
+    """Bytes of the P and Q factors torch's PowerSGD hook all-reduces for the whole model
+    (a tensor whose factors would not be smaller is sent whole)."""
+    with torch.device("meta"):
+        model = models.build(cfg, classes, getattr(cfg.data, "features", 0))
+    r, compressed = cfg.powersgd.rank, 0
+    for p in model.parameters():
+        rows, cols = p.shape[0], p.numel() // p.shape[0]
+        k = min(rows, cols, r)
+        compressed += (rows + cols) * k if (rows + cols) * k * 2 < rows * cols else rows * cols
+    return 4 * compressed
+
+
 def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float = 1.0) -> Plan:
     n = nodes * ranks_per_node
     s = sizes(cfg, classes, keep)
     full = s.full
-    inter = (n - 1) * 8 * nodes / n if nodes > 1 else 0.0  # node map (all-gather, ring)
-    # the tracking flag; the first wrap's broadcast of rank 0's parameters and buffers
-    inter += chain_inter(8, nodes, n) + chain_inter(full + s.buffers, nodes, n)
-    evals = count_evaluations(cfg)
-    inter += evals * ring_inter(32, nodes, n)
-    inter += len(checkpoint_steps(cfg)) * ring_inter(8, nodes, n)
-    # the ledger's per-step tables, summed over the world at each checkpoint: steps 0 to
-    # the end (the collectives after the last step are keyed to step `steps`)
-    inter += ring_inter((cfg.steps + 1) * STEP_TABLE_BYTES, nodes, n)
-    kinds = [schedule.phase_at(t, cfg).kind for t in range(cfg.steps)]
+
+    def ring(size: float) -> float:
+        return ring_inter(size, nodes, n)
+
+    events = dict(
+        # the node map (all-gather, ring), the tracking flag, the first wrap's broadcast of
+        # rank 0's parameters and buffers
+        setup=((n - 1) * 8 * nodes / n if nodes > 1 else 0.0)
+        + chain_inter(8, nodes, n)
+        + chain_inter(full + s.buffers, nodes, n),
+        eval=count_evaluations(cfg) * ring(32),
+        # a flag per checkpoint, and the ledger's per-step tables summed over the world at
+        # each one: steps 0 to the end (the collectives after the last step are keyed to
+        # step `steps`)
+        checkpoint=len(checkpoint_steps(cfg)) * ring(8) + ring((cfg.steps + 1) * STEP_TABLE_BYTES),
+        sync=0.0,
+    )
     # synced batch norm: every training step over the phase's DDP group
-    norm = ring_inter(s.batchnorm, nodes, n) if cfg.dist.sync_batchnorm else 0.0
-    if cfg.method in ("ddp", "powersgd", "ab_nogroups"):
-        inter += cfg.steps * norm
-    else:  # groups inside a node: only the full-rank steps cross
-        inter += (kinds.count("warmup") + kinds.count("rebound")) * norm
+    norm = ring(s.batchnorm) if cfg.dist.sync_batchnorm else 0.0
     if cfg.method == "ddp":
-        return Plan(inter + cfg.steps * ring_inter(full, nodes, n), cfg.steps)
+        return Plan({"full": cfg.steps}, {"full": ring(full) + norm}, events)
     if cfg.method == "powersgd":
-        with torch.device("meta"):
-            model = models.build(cfg, classes, getattr(cfg.data, "features", 0))
-        r, compressed = cfg.powersgd.rank, 0
-        for p in model.parameters():
-            rows, cols = p.shape[0], p.numel() // p.shape[0]
-            k = min(rows, cols, r)
-            compressed += (rows + cols) * k if (rows + cols) * k * 2 < rows * cols else rows * cols
         start = min(cfg.powersgd.start_iter, cfg.steps)
         return Plan(
-            inter
-            + start * ring_inter(full, nodes, n)
-            + (cfg.steps - start) * ring_inter(4 * compressed, nodes, n),
-            cfg.steps,
+            {"uncompressed": start, "full": cfg.steps - start},
+            {"uncompressed": ring(full) + norm, "full": ring(_powersgd_bytes(cfg, classes)) + norm},
+            events,
         )
-    inter += kinds.count("warmup") * ring_inter(full, nodes, n)
-    inter += kinds.count("rebound") * ring_inter(full, nodes, n)
-    cycles = len({schedule.phase_at(t, cfg).cycle for t in range(cfg.steps) if kinds[t] == "ab"})
-    inter += cycles * ring_inter(8 * s.layers, nodes, n)  # agreeing on k
-    if cfg.method == "ab_nogroups":
-        inter += kinds.count("ab") * ring_inter(s.b + s.shared, nodes, n)
+    kinds = [schedule.phase_at(t, cfg) for t in range(cfg.steps)]
+    steps = {k: sum(p.kind == k for p in kinds) for k in ("warmup", "ab", "rebound")}
+    cycles = len({p.cycle for p in kinds if p.kind == "ab"})
+    if cfg.method == "ab_nogroups":  # one group over the world: B trained by DDP
+        ab, sync = ring(s.b + s.shared) + norm, 0.0
     else:  # groups are nodes (or single ranks): nothing crosses inside an AB phase
-        inter += cycles * ring_inter(s.a + s.b + 3 * s.shared, nodes, n)
-    return Plan(inter, cfg.steps)
+        ab, sync = 0.0, ring(s.a + s.b + 3 * s.shared)
+    events["sync"] = cycles * (ring(8 * s.layers) + sync)  # agreeing on k; the averaging
+    step = {"warmup": ring(full) + norm, "ab": ab, "rebound": ring(full) + norm}
+    return Plan(steps, step, events, syncs=cycles)
+
+
+# ---------------------------------------------------------------- time and rate
+@dataclass
+class Timing:
+    """A run's predicted time: per-step seconds by phase kind, the syncs, and the rate."""
+
+    plan: Plan
+    step_seconds: dict[str, float]
+    sync_seconds: float  # one sync, its bytes and its local work
+    seconds: float  # the whole run: steps and syncs (not start-up, evaluation, saving)
+
+    @property
+    def mean_step_seconds(self) -> float:
+        return self.seconds / self.plan.total_steps
+
+    @property
+    def gb_per_s(self) -> float:
+        """Inter-node GB/s per process over the run, the paper's Table 1 quantity."""
+        return self.plan.inter_bytes / self.seconds / 1e9
+
+
+def timing(
+    p: Plan,
+    ranks_per_node: int,
+    compute: dict[str, float],
+    link_bytes_per_s: float | None,
+) -> Timing:
+    """The stated time model: a step takes its compute time plus the time its node's
+    inter-node bytes take over the node's link, with no overlap between the two.
+
+    `compute`: seconds of a step without the network by phase kind (missing kinds take
+    'full'; a 'sync' entry is a sync's local work: SVDs, merges), measured on the
+    user's hardware or given. `link_bytes_per_s`: one node's link, each direction; None
+    for a network that costs nothing. A node's ranks share its link: in a ring over
+    contiguous ranks one edge leaves each node, and carries `ranks_per_node` times the
+    per-rank mean the ledger and the plan count."""
+
+    def wire(nbytes: float) -> float:
+        return 0.0 if link_bytes_per_s is None else ranks_per_node * nbytes / link_bytes_per_s
+
+    def local(kind: str) -> float:
+        if kind in compute or "full" in compute:
+            return compute.get(kind, compute.get("full", 0.0))
+        raise ValueError(f"compute: no seconds for {kind!r} steps (nor for 'full' ones)")
+
+    step = {k: local(k) + wire(b) for k, b in p.step_bytes.items()}
+    sync = (compute.get("sync", 0.0) + wire(p.event_bytes["sync"] / p.syncs)) if p.syncs else 0.0
+    seconds = sum(p.steps[k] * step[k] for k in p.steps) + p.syncs * sync
+    return Timing(p, step, sync, seconds)
+
+
+def step_flops(cfg: Config, classes: int) -> float:
+    """Floating-point operations of one training step (forward and backward) of one rank's
+    batch at full rank, counted by torch on the meta device."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = models.build(cfg, classes, getattr(cfg.data, "features", 0))
+        x = torch.empty(cfg.batch_size, 3, cfg.data.image_size, cfg.data.image_size)
+        with FlopCounterMode(display=False) as counter:
+            model(x).sum().backward()
+    return float(counter.get_total_flops())
 
 
 # ---------------------------------------------------------------- what the run keeps

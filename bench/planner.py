@@ -20,13 +20,141 @@ import yaml
 from abtrain import config as abconfig
 from abtrain.checkpoint import atomic_write_text
 from abtrain.config import AB_METHODS
-from abtrain.planner import footprint, plan
+from abtrain.planner import Plan, footprint, plan, step_flops, timing
 from pipeline.common import base_config, run_overrides, runs
 
 IMAGENET_TRAIN = 1_281_167
 PAPER = Path("profiles/paper.yaml")
 # (training images, classes) of the data sets the matrix uses, which needn't be here
 DATASETS = {"imagenet": (IMAGENET_TRAIN, 1000), "cifar10": (50_000, 10), "cifar100": (50_000, 100)}
+# The stated model of the paper's hardware (Section 5: four A100-40 GPUs per node, one
+# InfiniBand 4X HDR port of 25 GB/s). A step computes at a fixed share of the A100's dense
+# bf16 peak; the share is an assumption, the same for every run and method, not fitted to
+# the paper's figures (the AB/DDP ratio barely depends on it; the absolute GB/s do).
+A100_BF16_FLOPS = 312e12
+UTILISATION = 0.4
+LINK_BYTES_PER_S = 25e9
+RESULTS = Path("bench/results")
+
+
+def rate_bytes_per_s(rate: str) -> float | None:
+    """A tc rate as bench.network names it ('200mbit', '1gbit', 'unshaped') in bytes/s."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * scale / 8
+    return None
+
+
+def parts(ab: Plan, ddp: Plan) -> dict[str, float]:
+    total = ddp.inter_bytes
+    full = sum(ab.steps[k] * ab.step_bytes[k] for k in ("warmup", "rebound"))
+    other = sum(v for k, v in ab.event_bytes.items() if k != "sync")
+    return dict(
+        part_full_rank_steps=full / total,
+        part_syncs=ab.event_bytes["sync"] / total,
+        part_ab_steps=ab.steps["ab"] * ab.step_bytes["ab"] / total,
+        part_other=other / total,
+    )
+
+
+def paper_rates(p: dict, ref: list[dict]) -> list[dict]:
+    """Predicted inter-node GB/s per process of the paper profile's ViT-B/16 and ResNet-50
+    runs on the stated hardware model, AB's over DDP's beside the paper's Table 1."""
+    out = []
+    matrix = runs(p)
+    for name, run in matrix.items():
+        if not name.startswith(("vit-", "r50-")) or run.method != "ab":
+            continue
+        base = name.replace("-ab-", "-ddp-")
+        rates = {}
+        for key in (name, base):
+            r = matrix[key]
+            cfg = abconfig.from_dict(p["train"], run_overrides(p, r, None, size=IMAGENET_TRAIN))
+            seconds = step_flops(cfg, 1000) / (A100_BF16_FLOPS * UTILISATION)
+            t = timing(
+                plan(cfg, r.nodes, r.ranks_per_node, 1000),
+                r.ranks_per_node,
+                {"full": seconds},
+                LINK_BYTES_PER_S,
+            )
+            rates[key] = dict(
+                gb_per_s=t.gb_per_s,
+                step_seconds=t.mean_step_seconds,
+                compute_seconds=seconds,
+                bytes_per_step=t.plan.per_step,
+                plan=t.plan,
+            )
+        label = {"vit": "ViT-B/16", "r50": "ResNet-50"}[name.split("-")[0]]
+        paper = next((x for x in ref if x["model"] == label and x["N"] == run.nodes), None)
+        pb = paper and paper[f"{run.batch}_baseline"]
+        out.append(
+            dict(
+                run=name,
+                model=label,
+                nodes=run.nodes,
+                batch=run.batch,
+                ddp_gb_per_s=rates[base]["gb_per_s"],
+                ab_gb_per_s=rates[name]["gb_per_s"],
+                ddp_step_seconds=rates[base]["step_seconds"],
+                ab_step_seconds=rates[name]["step_seconds"],
+                compute_seconds=rates[name]["compute_seconds"],
+                bytes_ratio=rates[name]["bytes_per_step"] / rates[base]["bytes_per_step"],
+                rate_ratio=rates[name]["gb_per_s"] / rates[base]["gb_per_s"],
+                # AB's bytes over DDP's, by where AB sends them (each over DDP's total)
+                **parts(rates[name]["plan"], rates[base]["plan"]),
+                paper_ddp_gb_per_s=pb or None,
+                paper_ab_gb_per_s=paper[f"{run.batch}_ab"] if pb else None,
+                paper_ratio=paper[f"{run.batch}_ab"] / pb if pb else None,
+            )
+        )
+    return out
+
+
+def measured_mean(pl: Plan, step_seconds: dict[str, float]) -> float:
+    """Mean seconds per step of a run from its per-phase means (each phase's measured step
+    seconds hold the syncs that fall in its steps)."""
+    if set(step_seconds) == {"full"}:  # one phase: every step (PowerSGD's first ones too)
+        return step_seconds["full"]
+    return sum(pl.steps.get(k, 0) * v for k, v in step_seconds.items()) / pl.total_steps
+
+
+def network_check(params: dict) -> list[dict]:
+    """The time model against the emulated cluster (bench.network's results): each
+    method's per-phase compute from its unshaped run, plus its bytes over the shaped link,
+    predicts the mean seconds per training step (syncs included) at each shaped rate."""
+    files = {f.stem.removeprefix("network-"): f for f in RESULTS.glob("network-*.json")}
+    if "unshaped" not in files:
+        return []
+    free = {r["method"]: r for r in json.loads(files["unshaped"].read_text())["results"]}
+    out = []
+    for rate, path in sorted(files.items()):
+        link = rate_bytes_per_s(rate)
+        if link is None:
+            continue
+        bench = json.loads(path.read_text())
+        for r in bench["results"]:
+            if r["method"] not in free:
+                continue
+            sets = [f"method={r['method']}", *bench["overrides"]]
+            cfg = abconfig.from_dict(params["train"], sets)
+            pl = plan(cfg, bench["nodes"], bench["ranks_per_node"], classes=10)
+
+            # the unshaped steps hold the syncs' local work already (no 'sync' entry):
+            # the shaped link adds their bytes' time
+            t = timing(pl, bench["ranks_per_node"], dict(free[r["method"]]["step_seconds"]), link)
+            predicted = t.mean_step_seconds
+            out.append(
+                dict(
+                    method=r["method"],
+                    rate=rate,
+                    nodes=bench["nodes"],
+                    measured_step_seconds=measured_mean(pl, r["step_seconds"]),
+                    predicted_step_seconds=predicted,
+                    error=predicted / measured_mean(pl, r["step_seconds"]) - 1,
+                )
+            )
+    return out
 
 
 def main() -> int:
@@ -94,10 +222,21 @@ def main() -> int:
                 paper_ratio=pr,
             )
         )
-    Path("bench/results").mkdir(parents=True, exist_ok=True)
-    atomic_write_text(
-        Path("bench/results/planner.json"), json.dumps(dict(traffic=out, footprint=kept), indent=2)
+    rates = paper_rates(p, ref)
+    check = network_check(yaml.safe_load(Path("params.yaml").read_text()))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = dict(
+        traffic=out,
+        rates=rates,
+        rate_model=dict(
+            flops_per_s=A100_BF16_FLOPS * UTILISATION,
+            utilisation=UTILISATION,
+            link_bytes_per_s=LINK_BYTES_PER_S,
+        ),
+        network_check=check,
+        footprint=kept,
     )
+    atomic_write_text(RESULTS / "planner.json", json.dumps(result, indent=2))
     print(
         f"{'model':<6}{'nodes':>6}{'batch':>7}{'keep':>6}{'ddp MB/step':>13}"
         f"{'ab MB/step':>12}{'ab/ddp':>8}{'paper':>7}"
@@ -109,8 +248,37 @@ def main() -> int:
             f"{r['ddp_bytes_per_step'] / 1e6:>13.1f}{r['inter_bytes_per_step'] / 1e6:>12.1f}"
             f"{r['predicted_ratio']:>8.3f}{paper:>7}"
         )
+    print_rates(rates, check)
     print_footprint(kept)
     return 0
+
+
+def print_rates(rates: list[dict], check: list[dict]) -> None:
+    print(
+        f"\nGB/s per process over wall time (A100 at {UTILISATION:.0%} of bf16 peak, "
+        f"{LINK_BYTES_PER_S / 1e9:.0f} GB/s per node; no overlap of compute and network)"
+    )
+    print(
+        f"{'model':<10}{'nodes':>6}{'batch':>7}{'step s':>8}{'ddp':>7}{'ab':>7}{'ab/ddp':>8}"
+        f"{'bytes':>7}{'paper ddp':>10}{'paper ab':>9}{'paper':>7}"
+    )
+    for r in rates:
+        paper = [
+            f"{r[k]:.2f}" if r[k] else "—"
+            for k in ("paper_ddp_gb_per_s", "paper_ab_gb_per_s", "paper_ratio")
+        ]
+        print(
+            f"{r['model']:<10}{r['nodes']:>6}{r['batch']:>7}{r['ddp_step_seconds']:>8.3f}"
+            f"{r['ddp_gb_per_s']:>7.2f}{r['ab_gb_per_s']:>7.2f}{r['rate_ratio']:>8.3f}"
+            f"{r['bytes_ratio']:>7.3f}{paper[0]:>10}{paper[1]:>9}{paper[2]:>7}"
+        )
+    if check:
+        print("\nthe time model against the emulated cluster (mean s/step, syncs included)")
+        for c in check:
+            print(
+                f"{c['method']:<12}{c['rate']:>9}{c['measured_step_seconds']:>8.3f}"
+                f"{c['predicted_step_seconds']:>8.3f}{c['error']:>+8.1%}"
+            )
 
 
 def print_footprint(rows: list[dict]) -> None:

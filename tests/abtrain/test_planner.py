@@ -158,3 +158,69 @@ def test_memory_per_gpu_counts_what_the_trainer_holds():
     # in AB phases W stays (frozen) beside A and B, and carry keeps W's moments
     assert mem["ab"]["params"] == s.full + s.a + s.b
     assert mem["ab"]["moments"] == 2 * s.trained("a") + 2 * s.weights
+
+
+# ---------------------------------------------------------------- the time model
+@pytest.mark.parametrize("nodes,per_node", [(2, 2), (4, 4), (3, 1)])
+def test_a_step_waits_for_the_bytes_its_node_sends_over_its_link(nodes, per_node):
+    """The wire term of a DDP step is the busiest node's inter-node bytes of the ledger's
+    ring all-reduce over the link, not the per-rank mean."""
+    from abtrain.ledger import wire_bytes
+
+    cfg = tiny_config("method=ddp", "steps=10", "checkpoint_every=0")
+    p = planner.plan(cfg, nodes, per_node, classes=10)
+    full = planner.sizes(cfg, 10).full
+    ranks = list(range(nodes * per_node))
+    out = {n: 0 for n in range(nodes)}
+    for r in ranks:
+        sent, peer = wire_bytes("all_reduce", full, ranks, r, None)
+        if r // per_node != peer // per_node:
+            out[r // per_node] += sent
+    link = 1e6
+    t = planner.timing(p, per_node, {"full": 0.5}, link)
+    assert t.step_seconds["full"] == pytest.approx(0.5 + max(out.values()) / link, rel=1e-3)
+    assert planner.timing(p, per_node, {"full": 0.5}, None).seconds == pytest.approx(5.0)
+
+
+def test_an_ab_run_pays_the_link_only_at_full_rank_and_in_its_syncs():
+    cfg = tiny_config(
+        "method=ab", "steps=60", "ab.warmup_steps=20", "ab.ab_steps=10", "ab.rebound_steps=5"
+    )
+    p = planner.plan(cfg, 2, 2, classes=10)
+    t = planner.timing(p, 2, {"full": 1.0, "ab": 0.5, "sync": 2.0}, 1e6)
+    assert t.step_seconds["ab"] == 0.5  # groups inside nodes: nothing crosses
+    assert t.step_seconds["warmup"] == t.step_seconds["rebound"] > 1.0
+    assert p.syncs == 3 and t.sync_seconds > 2.0
+    expected = sum(p.steps[k] * t.step_seconds[k] for k in p.steps) + 3 * t.sync_seconds
+    assert t.seconds == pytest.approx(expected)
+    assert t.gb_per_s == pytest.approx(p.inter_bytes / t.seconds / 1e9)
+    with pytest.raises(ValueError, match="'ab'"):
+        planner.timing(p, 2, {"warmup": 1.0}, 1e6)
+
+
+def test_the_time_model_predicts_the_emulated_clusters_step_times():
+    """bench.network's committed runs: each method's unshaped per-phase step times plus its
+    planned bytes over the shaped link give its shaped mean step time within 15%."""
+    from bench.planner import network_check
+
+    check = network_check(yaml.safe_load((ROOT / "params.yaml").read_text()))
+    assert {c["method"] for c in check} >= {"ddp", "ab", "ab_nogroups", "powersgd"}
+    for c in check:
+        assert abs(c["error"]) <= 0.15, c
+
+
+def test_paper_scale_rates_are_gb_per_s_of_the_stated_model():
+    from bench.planner import paper_rates
+
+    p = yaml.safe_load((ROOT / "profiles/paper.yaml").read_text())
+    ref = json.loads((ROOT / "pipeline/paper_reference.json").read_text())["table1"]["rows"]
+    rows = [r for r in paper_rates(p, ref) if r["model"] == "ResNet-50" and r["nodes"] <= 4]
+    assert {(r["nodes"], r["batch"]) for r in rows} == {(2, "local"), (4, "local"), (4, "global")}
+    for r in rows:
+        # AB's rate over DDP's: its bytes ratio scaled by DDP's time over AB's (AB's steps
+        # in its independent phases don't wait for the network)
+        assert r["rate_ratio"] == pytest.approx(
+            r["bytes_ratio"] * r["ddp_step_seconds"] / r["ab_step_seconds"], rel=1e-6
+        )
+        assert r["rate_ratio"] > r["bytes_ratio"]
+        assert r["paper_ratio"] is not None
