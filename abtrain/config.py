@@ -11,10 +11,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
-Method = Literal["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd"]
-AB_METHODS = ("ab", "ab_nogroups", "ab_individual")
+Method = Literal["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd", "ab_powersgd"]
+AB_METHODS = ("ab", "ab_nogroups", "ab_individual", "ab_powersgd")
 
 
 class ConfigError(ValueError):
@@ -108,10 +115,27 @@ class ImageData(_Section):
 DataConfig = Annotated[SyntheticData | ImageData, Field(discriminator="name")]
 
 
+def _scalar_as_str(v: Any) -> Any:
+    # a tag given on the command line as `batch: 32` is meant as the text "32"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int | float):
+        return str(v)
+    return v
+
+
+TagValue = Annotated[str, BeforeValidator(_scalar_as_str), Field(max_length=5000)]
+TagKey = Annotated[str, Field(min_length=1, max_length=250, pattern=r"^[\w\-. /]+$")]
+
+
 class TrackingConfig(_Section):
     enabled: bool
     uri: str | None  # None: sqlite:///mlflow.db in the working directory
     experiment: str
+    # None: method-model-dataset-<nodes>x<ranks per node>-b<batch per rank>
+    run_name: str | None = Field(min_length=1, max_length=250)
+    tags: dict[TagKey, TagValue]  # set on the run, beside abtrain's own
+    log_model: bool  # the final merged model as an MLflow model, with a signature
     required: bool  # false: train on without tracking if the store can't be reached
     log_every: int = Field(gt=0)  # steps between per-step metric rows
     # one ledger row per collective per rank (ledger.jsonl): steps x buckets x ranks rows,
@@ -217,6 +241,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+# values that are free mappings rather than sections: `--set tracking.tags.scale=2x2` adds a key
+FREE_MAPPINGS = {("tracking", "tags")}
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for text in overrides:
         path, value = parse_override(text)
@@ -225,7 +253,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             if not isinstance(node.get(part), dict):
                 raise ConfigError(f"override {text!r}: {'.'.join(path[:-1])} is not a section")
             node = node[part]
-        if path[-1] not in node:
+        if path[-1] not in node and tuple(path[:-1]) not in FREE_MAPPINGS:
             raise ConfigError(f"override {text!r}: unknown key {'.'.join(path)}")
         node[path[-1]] = value
     return raw

@@ -32,7 +32,9 @@ import math
 import os
 import pickle
 import shutil
+import sys
 import tarfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -157,9 +159,49 @@ class SyntheticTask:
 
 
 # ---------------------------------------------------------------- sources
+PROGRESS_EVERY_S = 5.0  # prepare's progress lines: at most one per this many seconds
+
+
+class _Progress:
+    """`[prepare] WHAT: 120 of 400 MB (30%), 85 MB/s, ETA 3 s` on stderr, at most once every
+    PROGRESS_EVERY_S seconds and once at the end: a line per image or per chunk would cost
+    more than the work on a fast disk, and flood a log."""
+
+    def __init__(self, what: str, total: float, unit: str, scale: float = 1.0) -> None:
+        self.what, self.total, self.unit, self.scale = what, total, unit, scale
+        self.t0 = self.last = time.monotonic()
+
+    def update(self, done: float) -> None:
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_S or done >= self.total:
+            self.last = now
+            self._line(done, now - self.t0)
+
+    def _line(self, done: float, seconds: float) -> None:
+        d, t = done / self.scale, self.total / self.scale
+        rate = d / seconds if seconds > 0 else 0.0
+        share = f" ({100 * done / self.total:.0f}%)" if self.total else ""
+        eta = f", ETA {(t - d) / rate:.0f} s" if rate and d < t else f", {seconds:.1f} s"
+        print(
+            f"[prepare] {self.what}: {d:,.0f} of {t:,.0f} {self.unit}{share}, "
+            f"{rate:,.0f} {self.unit}/s{eta}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _digest(path: Path, algorithm: str) -> str:
+    """The file's digest, read in 4 MiB chunks so that progress can be told (hashlib lets go
+    of the GIL on large updates: as fast as hashlib.file_digest)."""
+    h = hashlib.new(algorithm)
+    progress = _Progress(f"{algorithm} of {path}", path.stat().st_size, "MB", 1e6)
+    done = 0
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, algorithm).hexdigest()
+        while chunk := f.read(4 << 20):
+            h.update(chunk)
+            done += len(chunk)
+            progress.update(done)
+    return h.hexdigest()
 
 
 class _RefusedGlobal(pickle.UnpicklingError):
@@ -499,7 +541,7 @@ def _prepare_into(d: ImageData, tmp: Path) -> dict[str, Any]:
         else:
             y, members = _select(tree, split, per_class)
             if cached:
-                x = _decode_all(tree, members, d.image_size)
+                x = _decode_all(tree, members, d.image_size, split)
                 torch.save(dict(x=x, y=y), tmp / f"{split}.pt")
             else:
                 _verify_and_index(tree, members, y, tmp, split)
@@ -524,13 +566,15 @@ def _select(tree: _Tree, split: str, per_class: int) -> tuple[Tensor, list[str]]
     return torch.tensor(labels), members
 
 
-def _decode_all(tree: _Tree, members: list[str], size: int) -> Tensor:
+def _decode_all(tree: _Tree, members: list[str], size: int, split: str) -> Tensor:
     row = {m: i for i, m in enumerate(members)}
     x = torch.empty(len(members), 3, size, size, dtype=torch.uint8)
     seen = set()
+    progress = _Progress(f"decoding {split}", len(members), "images")
     for m, blob in tree.blobs(members):
         x[row[m]] = _decode(blob, f"{tree.source}:{m}", size).permute(2, 0, 1)
         seen.add(m)
+        progress.update(len(seen))
     _all_read(tree, members, seen)
     return x
 
@@ -550,7 +594,9 @@ def _verify_and_index(tree: _Tree, members: list[str], y: Tensor, tmp: Path, spl
     label = dict(zip(members, y.tolist()))
     files_dir = tmp / "files"
     path = {}
+    progress = _Progress(f"verifying {split}", len(members), "images")
     for m, blob in tree.blobs(members):
+        progress.update(len(path))
         where = f"{tree.source}:{m}"
         try:
             Image.open(io.BytesIO(blob)).verify()
@@ -567,6 +613,7 @@ def _verify_and_index(tree: _Tree, members: list[str], y: Tensor, tmp: Path, spl
             path[m] = str(dest.relative_to(tmp))
         else:
             path[m] = str((tree.source / m).resolve())
+    progress.update(len(path))
     _all_read(tree, members, path)
     index = [[path[m], label[m]] for m in members]
     (tmp / f"{split}.index.json").write_text(json.dumps(index))

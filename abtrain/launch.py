@@ -29,8 +29,23 @@ def free_port() -> int:
 
 
 def torchrun_commands(
-    nnodes: int, nproc_per_node: int, args: Sequence[str], port: int
+    nnodes: int, nproc_per_node: int, args: Sequence[str], port: int, max_restarts: int = 0
 ) -> list[list[str]]:
+    """One torchrun command per node.
+
+    Restarts across several nodes need the c10d rendezvous: under the static one each node's
+    torchrun restarts its ranks on its own, at its own time, and the new ranks meet the old
+    ones' addresses in the store (gloo: "Connection refused"). With c10d a node that restarts
+    opens a new round, and the others' torchruns see it and restart theirs to join it; the
+    node ranks are then handed out in order of arrival, which on one machine changes nothing.
+    """
+    if max_restarts and nnodes > 1:
+        meet = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}"]
+        meet.append(f"--rdzv-id=abtrain-{port}")
+        per_node: list[list[str]] = [meet] * nnodes
+    else:
+        static = ["--master-addr=127.0.0.1", f"--master-port={port}"]
+        per_node = [[f"--node-rank={node}", *static] for node in range(nnodes)]
     return [
         [
             sys.executable,
@@ -38,14 +53,13 @@ def torchrun_commands(
             "torch.distributed.run",
             f"--nnodes={nnodes}",
             f"--nproc-per-node={nproc_per_node}",
-            f"--node-rank={node}",
-            "--master-addr=127.0.0.1",
-            f"--master-port={port}",
+            *rendezvous,
+            f"--max-restarts={int(max_restarts)}",
             "-m",
             "abtrain",
             *args,
         ]
-        for node in range(nnodes)
+        for rendezvous in per_node
     ]
 
 
@@ -55,6 +69,7 @@ def run_local(
     args: Sequence[str],
     env: dict[str, str] | None = None,
     grace: float = 60.0,
+    max_restarts: int = 0,
 ) -> int:
     """Run `python -m abtrain ARGS` on nnodes × nproc_per_node ranks; returns the exit code.
 
@@ -62,6 +77,10 @@ def run_local(
     (each rank then reports what it saw), and are stopped after that.
     """
     env = {**os.environ, **(env or {})}
+    if max_restarts and nnodes > 1:
+        # c10d's rendezvous otherwise hands the ranks one store for every round, and the
+        # restarted ranks would read the dead ones' addresses from it
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     # torchrun sets OMP_NUM_THREADS=1 only for several ranks per node; one rank per "node"
     # would take every core, and ranks sharing this machine would fight over them.
     env.setdefault(
@@ -71,7 +90,8 @@ def run_local(
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     code, deadline = 0, None
     try:
-        for cmd in torchrun_commands(nnodes, nproc_per_node, args, free_port()):
+        port = free_port()
+        for cmd in torchrun_commands(nnodes, nproc_per_node, args, port, max_restarts):
             procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
         while any(p.poll() is None for p in procs):
             if deadline is not None and time.monotonic() > deadline:
@@ -128,9 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m abtrain.launch")
     parser.add_argument("--nnodes", type=int, default=1)
     parser.add_argument("--nproc-per-node", type=int, default=1)
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="torchrun restarts every rank this many times after a failure; each restart "
+        "resumes from the last checkpoint",
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of python -m abtrain")
     ns = parser.parse_args(argv)
-    return run_local(ns.nnodes, ns.nproc_per_node, ns.args)
+    return run_local(ns.nnodes, ns.nproc_per_node, ns.args, max_restarts=ns.max_restarts)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""The five training methods as small objects: how gradients travel, whether AB phases run.
+"""The training methods as small objects: how gradients travel, whether AB phases run.
 
-All five share one trainer; a method only answers the questions on which they differ.
+All share one trainer; a method only answers the questions on which they differ.
 """
 
 from __future__ import annotations
@@ -77,6 +77,34 @@ class AB(DDP):
         return groups.plan(world_size, group_size, all_train_b=self.all_train_b)
 
 
+class ABPowerSGD(AB):
+    """AB training whose full-rank steps (warm-up and rebounds) send PowerSGD-compressed
+    gradients over the world; AB phases stay inside their groups, uncompressed.
+
+    One PowerSGD state lives through the run, so its first `start_iter` full-rank steps
+    (in the warm-up) are uncompressed and every later one is compressed, and its
+    warm-start factors (an initial guess for the power iteration, harmless when stale)
+    carry from one rebound to the next. Its error feedback does not: the residual is
+    gradient that was never applied to a W the sync has since replaced by the average of
+    the groups' A·B, so it is dropped at each sync."""
+
+    rewrap_at_checkpoint = False  # PowerSGD's memory is keyed by bucket
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.powersgd = PowerSGD()
+
+    def comm_hook(self, cfg: Config, ledger: Ledger, group: dist.ProcessGroup) -> tuple[Any, Any]:
+        if group is not None:  # an AB phase: DDP inside the group
+            return super().comm_hook(cfg, ledger, group)
+        if self.powersgd.state is not None:  # a rebound: the first wrap after a sync
+            self.powersgd.state.error_dict.clear()
+        return self.powersgd.comm_hook(cfg, ledger, group)
+
+    def bucket_cap_mb(self, cfg: Config, backend: str) -> float:
+        return self.powersgd.bucket_cap_mb(cfg, backend)
+
+
 def make(name: str) -> DDP:
     return {
         "ddp": DDP,
@@ -84,4 +112,5 @@ def make(name: str) -> DDP:
         "ab": AB,
         "ab_individual": AB,
         "ab_nogroups": lambda: AB(all_train_b=True),
+        "ab_powersgd": ABPowerSGD,
     }[name]()

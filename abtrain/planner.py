@@ -227,11 +227,41 @@ def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float
     cycles = len({p.cycle for p in kinds if p.kind == "ab"})
     if cfg.method == "ab_nogroups":  # one group over the world: B trained by DDP
         ab, sync = ring(s.b + s.shared) + norm, 0.0
-    else:  # groups are nodes (or single ranks): nothing crosses inside an AB phase
+    elif cfg.ab.sync_mode == "with_stale":  # every factor averaged over the world
         ab, sync = 0.0, ring(s.a + s.b + 3 * s.shared)
+    else:  # groups are nodes (or single ranks): nothing crosses inside an AB phase
+        ab, sync = 0.0, _learned_sync(cfg, s, nodes, ranks_per_node)
     events["sync"] = cycles * (ring(8 * s.layers) + sync)  # agreeing on k; the averaging
-    step = {"warmup": ring(full) + norm, "ab": ab, "rebound": ring(full) + norm}
+    full_rank = ring(full) + norm
+    step = {"warmup": full_rank, "ab": ab, "rebound": full_rank}
+    if cfg.method == "ab_powersgd":
+        # one PowerSGD state for the run: its first start_iter full-rank steps (the
+        # warm-up's, then the rebounds') are uncompressed
+        start = min(cfg.powersgd.start_iter, steps["warmup"] + steps["rebound"])
+        in_warmup = min(start, steps["warmup"])
+        steps = dict(
+            uncompressed=start,
+            warmup=steps["warmup"] - in_warmup,
+            ab=steps["ab"],
+            rebound=steps["rebound"] - (start - in_warmup),
+        )
+        compressed = ring(_powersgd_bytes(cfg, classes)) + norm
+        step = dict(uncompressed=full_rank, warmup=compressed, ab=ab, rebound=compressed)
     return Plan(steps, step, events, syncs=cycles)
+
+
+def _learned_sync(cfg: Config, s: Sizes, nodes: int, ranks_per_node: int) -> float:
+    """Mean inter-node bytes per rank of an `only_learned` sync: each factor averaged over
+    the ranks that trained it, then broadcast to every rank from the first of them; the
+    shared parameters and their two moments averaged over the world."""
+    n = nodes * ranks_per_node
+    out = ring_inter(3 * s.shared, nodes, n)
+    for role, size in (("a", s.a), ("b", s.b)):
+        ranks = [r for group, rl in ab_groups(cfg, n, ranks_per_node) if rl == role for r in group]
+        spanned = len({r // ranks_per_node for r in ranks})
+        out += len(ranks) * ring_inter(size, spanned, len(ranks)) / n
+        out += chain_inter(size, nodes, n)
+    return out
 
 
 # ---------------------------------------------------------------- time and rate
@@ -274,8 +304,10 @@ def timing(
         return 0.0 if link_bytes_per_s is None else ranks_per_node * nbytes / link_bytes_per_s
 
     def local(kind: str) -> float:
-        if kind in compute or "full" in compute:
-            return compute.get(kind, compute.get("full", 0.0))
+        # PowerSGD's uncompressed first steps compute as the warm-up's (in AB methods)
+        for key in (kind, "full", *(("warmup",) if kind == "uncompressed" else ())):
+            if key in compute:
+                return compute[key]
         raise ValueError(f"compute: no seconds for {kind!r} steps (nor for 'full' ones)")
 
     step = {k: local(k) + wire(b) for k, b in p.step_bytes.items()}
@@ -368,7 +400,7 @@ def rank_state_bytes(s: Sizes, evals: int = 0, factorizations: int = 0, cuda: bo
 
 def _buckets(nbytes: int, cfg: Config) -> int:
     """DDP gradient buckets of `nbytes` (bucket_cap_mb is in MiB, as DDP reads it)."""
-    if cfg.method == "powersgd" and cfg.dist.backend == "gloo":
+    if cfg.method in ("powersgd", "ab_powersgd") and cfg.dist.backend == "gloo":
         return 1  # the trainer's single bucket for PowerSGD on gloo
     return max(1, math.ceil(nbytes / (cfg.dist.bucket_cap_mb * 2**20)))
 
@@ -404,6 +436,7 @@ def ledger_calls(
     add(0, "setup", "all_gather")  # the node map
     add(0, "setup", "broadcast")  # whether tracking could start
     prev, pending = None, False
+    compressing, full_rank_steps = cfg.method in ("powersgd", "ab_powersgd"), 0
     for t in range(cfg.steps):
         phase = schedule.phase_at(t, cfg)
         if phase != prev:
@@ -419,10 +452,11 @@ def ledger_calls(
             pending = False
         if phase.low_rank:
             add(t, phase.kind, "all_reduce", ab_buckets)
-        elif cfg.method == "powersgd" and t >= cfg.powersgd.start_iter:
+        elif compressing and full_rank_steps >= cfg.powersgd.start_iter:
             add(t, phase.kind, "all_reduce", 3 * full_buckets * world)  # the rest, P, Q
         else:
             add(t, phase.kind, "all_reduce", full_buckets * world)
+        full_rank_steps += not phase.low_rank
         if cfg.dist.sync_batchnorm and s.batchnorm_layers:
             add(t, phase.kind, "all_reduce", 2 * s.batchnorm_layers * world)
         pending |= (t + 1) % cfg.eval_every == 0
@@ -481,7 +515,8 @@ def _memory(cfg: Config, s: Sizes, roles: set[str]) -> dict[str, dict[str, int]]
         out["total"] = sum(out.values())
         return out
 
-    error = s.full if cfg.method == "powersgd" and cfg.powersgd.error_feedback else 0
+    compressing = cfg.method in ("powersgd", "ab_powersgd")
+    error = s.full if compressing and cfg.powersgd.error_feedback else 0
     out = {"full": entry(s.full, s.full, 2 * s.full, error)}
     if not roles:
         return out

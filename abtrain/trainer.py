@@ -10,6 +10,7 @@ loop with a single full-rank phase.
 from __future__ import annotations
 
 import gc
+import io
 import json
 import math
 import os
@@ -35,7 +36,14 @@ from abtrain.config import Config, check_world
 from abtrain.data import StepSampler, make_task
 from abtrain.runstate import RunState
 from abtrain.schedule import PHASE_IDS, Phase
-from abtrain.tracking import Tracker, TrackingError, git_commit
+from abtrain.tracking import (
+    Tracker,
+    TrackingError,
+    dataset_digest,
+    git_commit,
+    run_name_for,
+    source_tags,
+)
 
 DONE = Phase("done")
 TRAIN_LOG_HEADER = "step,loss,lr,phase,seconds,data_seconds"
@@ -70,6 +78,28 @@ class Launch:
             ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
             node=groups.node_id_from_env(),
         )
+
+
+def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The run's figures as summary.json holds them, logged at the last step so that MLflow
+    and summary.json agree to the bit. The headline ones go under `final/`, which sorts them
+    to the top of the compare view's metric table (its first seven rows show without
+    scrolling, and the system metrics would otherwise come first); the rest are the last
+    point of the running series."""
+    t = summary["traffic"]
+    return {
+        "final/inter_node_mb_per_step": t["inter_node_bytes_per_step"] / 1e6,
+        "final/val_top1_best": summary["val_top1"]["best"],
+        "final/val_top1_final": summary["val_top1"]["final"],
+        "final/compression_ratio": summary["compression_ratio"],
+        "final/wall_seconds": summary["wall_seconds"],
+        "inter_node_bytes": t["inter_node_bytes"],
+        "inter_node_bytes_per_step": t["inter_node_bytes_per_step"],
+        "intra_node_bytes": t["intra_node_bytes"],
+        "compression_ratio": summary["compression_ratio"],
+        "epoch": summary["epochs"],
+        **{f"time_share/{part}": v for part, v in summary["time"]["share"].items()},
+    }
 
 
 def fit_shape(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -134,6 +164,7 @@ class Trainer:
         self.state = RunState()
         self.fresh = True  # no wrap yet: the first one broadcasts rank 0's state
         self.train_log: list[str] = []  # train_log.csv lines since the last checkpoint
+        self._example: torch.Tensor | None = None
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> dict[str, Any]:
@@ -161,6 +192,7 @@ class Trainer:
         self._resume()
         self._start_tracking()
         started = time.time() - self.state.elapsed
+        self._mark = (self.state.step, time.time())  # where the log line's speed counts from
         bar = self._progress_bar()
         batches = self.task.train_batches(self.sampler, self.state.step, self.cfg.steps)
         while self.state.step < self.cfg.steps:
@@ -269,7 +301,7 @@ class Trainer:
         )
         every = max(1, cfg.steps // 20)
         if not self._tty and (run.step % every == 0 or run.step == cfg.steps - 1):
-            self._log(f"step {run.step:>6} {self._status}")
+            self._log(f"step {run.step:>6} {self._status} | {self._speed()}")
 
     # ---------------------------------------------------------------- the AB pieces
     def _factorize(self) -> None:
@@ -278,10 +310,16 @@ class Trainer:
         self.state.factorizations.append(
             dict(step=self.state.step, compression_ratio=ratio, ranks=ranks)
         )
+        # per-layer ranks go to a table (ranks.csv), not one chart per layer
+        full = {n: min(lowrank.as_matrix(self.layers[n].weight).shape) for n in ranks}
         self.tracker.metrics(
             self.state.step,
-            {"compression_ratio": ratio, **{f"rank/{n}": k for n, k in ranks.items()}},
+            {
+                "compression_ratio": ratio,
+                "rank_fraction_mean": sum(ranks[n] / full[n] for n in ranks) / len(ranks),
+            },
         )
+        self.tracker.text(self._ranks_csv(), "ranks.csv")
         k = list(ranks.values())
         self._log(
             f"step {self.state.step}: factorised {len(k)} layers, ranks {min(k)}-{max(k)}, "
@@ -334,6 +372,8 @@ class Trainer:
         self.model.eval()
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, top1, top5, n
         for x, y in self.task.val_batches(self.rank, self.world, 4 * self.cfg.batch_size):
+            if self._example is None:
+                self._example = x[:2].float().cpu()  # the logged model's signature
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
                 logits = self.model(x).float()
@@ -346,12 +386,18 @@ class Trainer:
         self.model.train()
         self.ledger.phase = phase
         loss, top1, top5, n = sums.tolist()
+        samples = self.state.step * self.sampler.global_batch
         result = dict(
             step=self.state.step,
             val_loss=loss / n,
             val_top1=100 * top1 / n,
             val_top5=100 * top5 / n,
             seconds=self.state.elapsed,  # training time so far, for time-to-accuracy
+            samples=samples,  # seen, over all ranks
+            epoch=samples / len(self.task),
+            # the summary's per-rank traffic as it stood: the last evaluation's figure and
+            # the summary's differ only by the final checkpoint's collectives
+            inter_node_bytes=self.ledger.sent["inter"],
         )
         loss_sum, top1_sum, n_steps = self.state.window
         if n_steps:
@@ -363,12 +409,16 @@ class Trainer:
         self.state.evals.append(result)
         self.state.add_time("eval", self._now() - t0)
         times = self.state.time_summary()["share"]
+        # inter_node_bytes is a per-step metric already (after the step, not before it)
+        # (and step is MLflow's own)
+        logged = {
+            k: v for k, v in result.items() if k not in ("inter_node_bytes", "samples", "step")
+        }
         self.tracker.metrics(
             self.state.step,
             {
-                **result,
+                **logged,
                 "compression_ratio": last,
-                "epoch": len(self.state.evals),
                 **{f"time_share/{part}": v for part, v in times.items()},
             },
         )
@@ -539,33 +589,77 @@ class Trainer:
             names = ["summary.json", "ledger.csv", "config.json", "model.pt", "train_log.csv"]
             if self.cfg.tracking.ledger_rows:
                 names.append(self.ledger.concat_rows(self.world).name)
+            if self.state.factorizations:
+                checkpoint.atomic_write_text(self.out / "ranks.csv", self._ranks_csv())
+                names.append("ranks.csv")
             summary = self._summary()
             checkpoint.atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2))
             checkpoint.atomic_save(self.model.state_dict(), self.out / "model.pt")
-            self.tracker.metrics(
-                self.state.step,
-                {f"time_share/{part}": v for part, v in summary["time"]["share"].items()},
-            )
+            self.tracker.metrics(self.state.step, final_metrics(summary))
             self.tracker.artifacts([self.out / n for n in names])
+            if self.cfg.tracking.log_model and self.tracker.run_id is not None:
+                try:
+                    self.tracker.model(self._plain_model(), self._example_batch(), self.state.step)
+                except Exception as err:  # the run's results are in already: keep them
+                    print(
+                        f"[abtrain] warning: the model was not logged to MLflow: "
+                        f"{type(err).__name__}: {err} (its weights are in {self.out / 'model.pt'})",
+                        file=sys.stderr,
+                    )
         return summary
+
+    def _ranks_csv(self) -> str:
+        """Every factorisation's kept rank per layer, with the layer's matrix shape."""
+        out = io.StringIO()
+        out.write("step,layer,rank,rows,cols,full_rank,kept_fraction\n")
+        for f in self.state.factorizations:
+            for name, k in f["ranks"].items():
+                rows, cols = lowrank.as_matrix(self.layers[name].weight).shape
+                out.write(f"{f['step']},{name},{k},{rows},{cols},{min(rows, cols)},")
+                out.write(f"{k / min(rows, cols):.6g}\n")
+        return out.getvalue()
+
+    def _plain_model(self) -> torch.nn.Module:
+        """The merged full-rank model as the model zoo builds it (plain Linear/Conv layers,
+        no factors, no process groups), on the CPU."""
+        with torch.random.fork_rng(devices=[]):  # build() seeds the global generator
+            plain = models.build(self.cfg, self.task.classes, self.task.features)
+        factors = {f"{n}.{p}" for n in self.layers for p in ("a", "b")}
+        state = {k: v.cpu() for k, v in self.model.state_dict().items() if k not in factors}
+        plain.load_state_dict(state)
+        return plain.eval()
+
+    def _example_batch(self) -> torch.Tensor:
+        if self._example is None:  # resumed after the last evaluation
+            x, _ = next(iter(self.task.val_batches(0, 1, 2)))
+            self._example = x[:2].float().cpu()
+        return self._example
 
     def _summary(self) -> dict[str, Any]:
         run = self.state
         tops = [e["val_top1"] for e in run.evals]
         losses = [e["val_loss"] for e in run.evals]
         last = run.factorizations[-1] if run.factorizations else None
+        traffic = self.ledger.totals(self.world)
+        traffic["inter_node_bytes_per_step"] = traffic["inter_node_bytes"] / self.cfg.steps
         return dict(
             method=self.cfg.method,
+            run_name=self.run_name,
+            tags=dict(self.cfg.tracking.tags),
             world_size=self.world,
             nodes=self._nodes,
+            ranks_per_node=self.launch.ranks_per_node,
+            batch_size=self.cfg.batch_size,  # per rank
+            global_batch=self.sampler.global_batch,
             steps=self.cfg.steps,
+            epochs=self.cfg.steps * self.sampler.global_batch / len(self.task),
             val_top1=dict(best=max(tops), final=tops[-1]),
             val_loss=dict(min=min(losses), final=losses[-1]),
             train_loss_final=run.last_loss,
             compression_ratio=last["compression_ratio"] if last else 1.0,
             ranks=last["ranks"] if last else {},
             factorizations=run.factorizations,
-            traffic=self.ledger.totals(self.world),
+            traffic=traffic,
             time=run.time_summary(),
             wall_seconds=run.elapsed,
             evals=run.evals,
@@ -595,20 +689,60 @@ class Trainer:
             raise TrackingError(error or "rank 0 could not take the run folder or reach the store")
         return tracker
 
+    @property
+    def run_name(self) -> str:
+        """`tracking.run_name`, or one that tells the points of the experiment matrix apart."""
+        return run_name_for(self.cfg, self._nodes, self.launch.ranks_per_node)
+
     def _start_tracking(self) -> None:
+        if self.tracker.client is None:
+            return
+        commit = git_commit()
         tags = dict(
             method=self.cfg.method,
             model=self.cfg.model.name,
             dataset=self.cfg.data.name,
             world_size=self.world,
-            nodes=len(set(self.ledger.nodes)),
-            git_commit=git_commit(),
+            nodes=self._nodes,
+            ranks_per_node=self.launch.ranks_per_node,
+            batch_size=self.cfg.batch_size,
+            global_batch=self.sampler.global_batch,
+            git_commit=commit,
             out_dir=str(self.out.resolve()),
+            **source_tags(commit),
+            **self.cfg.tracking.tags,
         )
-        name = f"{self.cfg.method}-{self.cfg.model.name}-{self.cfg.data.name}-{self.world}r"
-        self.tracker.start(self.cfg, tags, getattr(self, "_resumed_run_id", None), name)
+        resumed = getattr(self, "_resumed_run_id", None)
+        self.tracker.start(self.cfg, tags, resumed, self.run_name, self._dataset())
+
+    def _dataset(self) -> dict[str, Any]:
+        """The training data as MLflow's input: a prepared folder is named by its folder and
+        identified by its meta.json; generated data by its config and seed."""
+        d = self.cfg.data
+        meta = getattr(self.task, "meta", None)
+        if meta is None:
+            described = dict(d.model_dump(mode="json"), seed=self.cfg.seed)
+            name, source, val = d.name, f"generated (seed {self.cfg.seed})", d.val_samples
+        else:
+            described = meta
+            name, source = Path(d.prepared).name, d.source or f"torchvision {d.name}"
+            val = sum(meta["counts"]["val"].values())
+        profile = dict(train_samples=len(self.task), val_samples=val, classes=self.task.classes)
+        if meta is not None:
+            profile["prepared"] = d.prepared
+        return dict(name=name, digest=dataset_digest(described), source=source, profile=profile)
 
     # ---------------------------------------------------------------- helpers
+    def _speed(self) -> str:
+        """Seconds per step since the last log line, and the time left at that pace."""
+        (step0, t0), now = self._mark, time.time()
+        done = self.state.step + 1 - step0
+        self._mark = (self.state.step + 1, now)
+        per_step = (now - t0) / max(done, 1)
+        left = per_step * (self.cfg.steps - self.state.step - 1)
+        eta = f"{int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}"
+        return f"{per_step:.3f} s/step, ETA {eta}"
+
     @property
     def _nodes(self) -> int:
         return len(set(self.ledger.nodes))
@@ -643,9 +777,15 @@ class Trainer:
         return self._signalled or (deadline.isdigit() and time.time() > int(deadline))
 
     def _fail_if_asked(self) -> None:
-        """Fault injection for tests: ABTRAIN_FAIL_AT=rank:step kills that rank there."""
+        """Fault injection for tests: ABTRAIN_FAIL_AT=rank:step kills that rank there, in a
+        run that started afresh on torchrun's first attempt only: a failure that came back
+        after every restart would only use up `--max-restarts`. (Under the c10d rendezvous a
+        node whose ranks restart because another one failed keeps its count at 0, and node
+        ranks are dealt anew, so the count alone can't tell; a resumed run can.)"""
         spec = os.environ.get("ABTRAIN_FAIL_AT", "")
-        if spec and spec == f"{self.rank}:{self.state.step}":
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        resumed = hasattr(self, "_resumed_run_id")  # set by _resume, and only there
+        if spec and first_attempt and not resumed and spec == f"{self.rank}:{self.state.step}":
             print(
                 f"[abtrain] rank {self.rank}: injected failure at step {self.state.step}",
                 file=sys.stderr,

@@ -1,11 +1,15 @@
 """Benchmark on an emulated cluster: every method on the same model, data and seed, over
-real links of a chosen speed; traffic counted at the interfaces and by the ledger.
+real links of chosen speeds; traffic counted at the interfaces and by the ledger; time to a
+common accuracy at each rate, measured and predicted (bench.rates).
 
-    sudo-less as root here:
-    python -m bench.network --nodes 2 --ranks-per-node 2 --rates 200mbit,none \\
-        --methods ddp,ab,ab_nogroups,powersgd --set steps=150
+    sudo-less as root here (issue 14's benchmark; --dry-run predicts its wall time):
+    python -m bench.network --methods ddp,ab,powersgd,ab_powersgd \\
+        --shape 2x2=50mbit,200mbit,1gbit,none --shape 4x1=200mbit \\
+        --set steps=200 --set eval_every=10 --set checkpoint_every=0 ...
 
-Writes bench/results/network-<rate>.json and bench/results/network.png, and prints a table.
+Writes bench/results/network-<rate>.json (2 nodes x 2 ranks; other shapes
+network-<N>n-<rate>.json), bench/results/network.png (accuracy against wall time), the
+summary bench/results/network-rates.json and its figure network-rates.png, and prints tables.
 """
 
 from __future__ import annotations
@@ -13,13 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from abtrain import config as abconfig
 from abtrain.checkpoint import atomic_write_text
-from bench.cluster import Cluster
+from bench.cluster import Cluster, tbf_burst
 
 RESULTS = Path("bench/results")
 
@@ -35,9 +41,13 @@ def ledger_by_node(run_dir: Path, nodes: list[int]) -> dict[int, int]:
 
 
 def run_one(method: str, rate: str | None, a: argparse.Namespace, work: Path) -> dict[str, Any]:
-    out = work / f"{method}-{rate or 'unshaped'}"
+    out = work / f"{method}-{a.nodes}x{a.ranks_per_node}-{rate or 'unshaped'}"
     with Cluster(a.nodes, rate) as c:
         env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "PYTHONUNBUFFERED": "1"}
+        # every rank shares this machine: torchrun sets 1 thread only for several ranks
+        # per node, and one rank per node would otherwise take every core
+        threads = max(1, (os.cpu_count() or 1) // (a.nodes * a.ranks_per_node))
+        env.setdefault("OMP_NUM_THREADS", str(threads))
         before = [c.counters(i) for i in range(a.nodes)]
         sets = [
             x
@@ -46,6 +56,7 @@ def run_one(method: str, rate: str | None, a: argparse.Namespace, work: Path) ->
                 "tracking.enabled=false",
                 "tracking.ledger_rows=true",
                 *a.set,
+                *getattr(a, "method_sets", {}).get(method, []),
             ]
             for x in ("--set", s)
         ]
@@ -115,80 +126,261 @@ def _step_times(out: Path) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in by.items()}
 
 
-def time_to(evals: list[dict[str, Any]], target: float) -> float | None:
-    for e in evals:
-        if e["val_top1"] >= target:
-            return e["seconds"]
-    return None
+def progress_line(
+    k: int,
+    n: int,
+    method: str,
+    rate: str | None,
+    elapsed: float,
+    result: dict[str, Any] | None = None,
+) -> str:
+    """`[bench.network] run 3 of 8 started: ab at 200mbit; elapsed 4m10s, ETA 9m45s` and, with
+    its result, `... finished: ab at 200mbit in 111 s, best top-1 31.15%; ...`. The ETA
+    takes the runs so far as the measure of those left (shaped links run longer)."""
+    where = f"{method} at {rate or 'unshaped'}"
+    finished = k if result else k - 1
+    eta = f"{_minutes(elapsed / finished * (n - finished))}" if finished else "?"
+    if result is None:
+        return f"[bench.network] run {k} of {n} started: {where}; elapsed {_minutes(elapsed)}, ETA {eta}"
+    return (
+        f"[bench.network] run {k} of {n} finished: {where} in {result['wall_seconds']:.0f} s, "
+        f"best top-1 {result['val_top1']['best']:.2f}%; elapsed {_minutes(elapsed)}, ETA {eta}"
+    )
+
+
+def _minutes(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s} s"
+
+
+def parse_shapes(a: argparse.Namespace) -> list[tuple[int, int, list[str | None]]]:
+    """(nodes, ranks per node, rates) of every --shape NxR=RATE,RATE; without --shape, the
+    one shape of --nodes, --ranks-per-node and --rates. A rate 'none': unshaped."""
+    texts = a.shape or [f"{a.nodes}x{a.ranks_per_node}={a.rates}"]
+    out = []
+    for text in texts:
+        m = re.fullmatch(r"(\d+)x(\d+)=(.+)", text.strip())
+        if not m:
+            raise SystemExit(f"--shape {text!r}: use NODESxRANKS=RATE[,RATE...], e.g. 4x1=200mbit")
+        rates = [None if r in ("none", "unshaped") else r for r in m.group(3).split(",")]
+        for r in rates:
+            if r is not None:
+                tbf_burst(r)  # refuses a rate tc would not read, before any run starts
+        out.append((int(m.group(1)), int(m.group(2)), rates))
+    return out
+
+
+def parse_method_sets(texts: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for text in texts:
+        method, sep, setting = text.partition(":")
+        if not sep or "=" not in setting:
+            raise SystemExit(f"--method-set {text!r}: use METHOD:KEY=VALUE")
+        out.setdefault(method, []).append(setting)
+    return out
+
+
+def estimate(runs: list[tuple[int, int, str | None, str]], a: argparse.Namespace) -> list[float]:
+    """Each run's wall seconds, predicted before running it: the planner's time model with
+    the per-phase step times of the committed unshaped 2x2 run (a method it lacks: ab's
+    phases, full-rank ones plus PowerSGD's cost over DDP's for a method with PowerSGD),
+    plus its start-up and evaluations as that run measured them."""
+    import yaml
+
+    from abtrain.__main__ import predict
+    from abtrain.planner import count_evaluations
+    from bench.planner import rate_bytes_per_s
+
+    free = json.loads((RESULTS / "network-unshaped.json").read_text())
+    by = {r["method"]: r for r in free["results"]}
+    ddp = by["ddp"]
+    start = ddp["wall_seconds"] - ddp["evals"][-1]["seconds"]  # rendezvous, data, saving
+    params = yaml.safe_load(Path(a.config).read_text())
+    first = abconfig.from_dict(params["train"], ["method=ddp", *free["overrides"]])
+    run_s = predict(first, 2, 2, 10, ddp["step_seconds"], None).seconds
+    per_eval = (ddp["evals"][-1]["seconds"] - run_s) / max(1, len(ddp["evals"]) - 1)
+    out = []
+    for nodes, ranks, rate, method in runs:
+        cfg = abconfig.from_dict(
+            params["train"], [f"method={method}", *a.set, *a.method_sets.get(method, [])]
+        )
+        if method in by:
+            compute = dict(by[method]["step_seconds"])
+        else:
+            base = by["ab"] if method in abconfig.AB_METHODS and "ab" in by else ddp
+            compute = dict(base["step_seconds"])
+            if "powersgd" in method and "powersgd" in by:
+                extra = by["powersgd"]["step_seconds"]["full"] - ddp["step_seconds"]["full"]
+                compute = {k: v + (extra if k != "ab" else 0) for k, v in compute.items()}
+        t = predict(cfg, nodes, ranks, 10, compute, rate and rate_bytes_per_s(rate))
+        out.append(start + t.seconds + per_eval * (count_evaluations(cfg) - 1))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.network")
+    p = argparse.ArgumentParser(
+        prog="python -m bench.network",
+        description="Every method on the same model, data and seed over shaped links; "
+        "time to a common accuracy at each rate (bench.rates).",
+    )
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--ranks-per-node", type=int, default=2)
-    p.add_argument("--rates", default="200mbit,none", help="link rates; none: unshaped")
-    p.add_argument("--methods", default="ddp,ab,ab_nogroups,powersgd")
+    p.add_argument(
+        "--rates",
+        default="50mbit,200mbit,1gbit,none",
+        help="link rates of --nodes x --ranks-per-node; none: unshaped",
+    )
+    p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NxR=RATES",
+        help="nodes x ranks per node and its rates, e.g. --shape 2x2=50mbit,200mbit,1gbit,none "
+        "--shape 4x1=200mbit (repeatable; replaces --nodes, --ranks-per-node, --rates)",
+    )
+    p.add_argument("--methods", default="ddp,ab,powersgd,ab_powersgd")
     p.add_argument("--config", default="params.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--method-set",
+        action="append",
+        default=[],
+        metavar="METHOD:KEY=VALUE",
+        help="an override for one method only, e.g. ab_powersgd:ab.sync_mode=only_learned",
+    )
     p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the runs and their predicted wall time (time model and the committed "
+        "unshaped run); run nothing",
+    )
     a = p.parse_args(argv)
+    a.method_sets = parse_method_sets(a.method_set)
+    shapes = parse_shapes(a)
+    methods = a.methods.split(",")
+    runs = [(n, r, rate, m) for n, r, rates in shapes for rate in rates for m in methods]
+    if a.dry_run:
+        seconds = estimate(runs, a)
+        for k, ((n, r, rate, m), s) in enumerate(zip(runs, seconds), 1):
+            print(f"run {k:>2} of {len(runs)}: {n}x{r} {rate or 'unshaped':>9} {m:<12} ~{s:5.0f} s")
+        print(f"predicted wall time: {_minutes(sum(seconds))} for {len(runs)} runs")
+        return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     work = Path("runs/bench")
     work.mkdir(parents=True, exist_ok=True)
-    for rate in a.rates.split(","):
-        rate = None if rate == "none" else rate
-        results = [run_one(m, rate, a, work) for m in a.methods.split(",")]
-        target = min(r["val_top1"]["best"] for r in results)
-        for r in results:
-            r["target_top1"], r["seconds_to_target"] = target, time_to(r["evals"], target)
-        name = f"network-{rate or 'unshaped'}"
-        atomic_write_text(
-            RESULTS / f"{name}.json",
-            json.dumps(
-                dict(
-                    nodes=a.nodes,
-                    ranks_per_node=a.ranks_per_node,
-                    rate=rate or "unshaped",
-                    overrides=a.set,
-                    results=results,
-                ),
-                indent=2,
-            ),
-        )
-        print(f"\nrate {rate or 'unshaped'}: target top-1 {target:.2f}%")
-        print(
-            f"{'method':<12}{'top1':>7}{'to target s':>13}{'wall s':>8}"
-            f"{'iface tx MB/node':>18}{'ledger MB/node':>16}{'diff':>7}"
-        )
-        for r in results:
-            tx = sum(i["tx"] for i in r["interface_bytes_by_node"]) / a.nodes / 1e6
-            led = sum(r["ledger_inter_node_bytes_by_node"].values()) / a.nodes / 1e6
-            t = r["seconds_to_target"]
-            print(
-                f"{r['method']:<12}{r['val_top1']['final']:>7.2f}{t if t else float('nan'):>13.1f}"
-                f"{r['wall_seconds']:>8.1f}{tx:>18.2f}{led:>16.2f}{tx / led - 1:>+7.1%}"
-            )
+    t0, k = time.monotonic(), 0
+    for nodes, ranks, rates in shapes:
+        shape = argparse.Namespace(**{**vars(a), "nodes": nodes, "ranks_per_node": ranks})
+        for rate in rates:
+            results = []
+            for method in methods:
+                k += 1
+                elapsed = time.monotonic() - t0
+                print(progress_line(k, len(runs), method, rate, elapsed), flush=True)
+                results.append(run_one(method, rate, shape, work))
+                done = progress_line(k, len(runs), method, rate, time.monotonic() - t0, results[-1])
+                print(done, flush=True)
+            write_rate(shape, rate, results)
+    summary = summarise(a.config)
+    if summary:
+        print_summary(summary)
     plot()
     return 0
 
 
+def summarise(config: str) -> dict[str, Any] | None:
+    """Time to target over every committed rate and shape (bench.rates)."""
+    import yaml
+
+    from bench import rates
+
+    return rates.summarise(yaml.safe_load(Path(config).read_text()), RESULTS)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    from bench import rates
+
+    rates.print_summary(summary)
+
+
+def write_rate(a: argparse.Namespace, rate: str | None, results: list[dict[str, Any]]) -> None:
+    """network-<rate>.json of one shape and rate, and its table. Its target: the lowest
+    of these runs' best top-1 smoothed over 2 evaluations (bench.rates; the summary's
+    target is the lowest over every rate of the shape)."""
+    from bench.rates import best, reach, result_name
+
+    target = min(best(r["evals"]) for r in results)
+    for r in results:
+        got = reach(r["evals"], target)
+        r["target_top1"] = target
+        r["steps_to_target"] = got and got["step"]
+        r["seconds_to_target"] = got and got["seconds"]
+    try:
+        from abtrain.__main__ import data_classes
+
+        classes: int | None = data_classes(abconfig.load(a.config, a.set))[0]
+    except (abconfig.ConfigError, OSError):
+        classes = None
+    name = result_name(a.nodes, a.ranks_per_node, rate)
+    atomic_write_text(
+        RESULTS / f"{name}.json",
+        json.dumps(
+            dict(
+                nodes=a.nodes,
+                ranks_per_node=a.ranks_per_node,
+                rate=rate or "unshaped",
+                overrides=a.set,
+                method_overrides=getattr(a, "method_sets", {}),
+                classes=classes,
+                results=results,
+            ),
+            indent=2,
+        ),
+    )
+    print(
+        f"\n{a.nodes}x{a.ranks_per_node} rate {rate or 'unshaped'}: target top-1 {target:.2f}% "
+        "(smoothed over 2 evaluations)"
+    )
+    print(
+        f"{'method':<13}{'top1':>7}{'to target s':>13}{'wall s':>8}"
+        f"{'iface tx MB/node':>18}{'ledger MB/node':>16}{'diff':>7}"
+    )
+    for r in results:
+        tx = sum(i["tx"] for i in r["interface_bytes_by_node"]) / a.nodes / 1e6
+        led = sum(r["ledger_inter_node_bytes_by_node"].values()) / a.nodes / 1e6
+        t = r["seconds_to_target"]
+        print(
+            f"{r['method']:<13}{r['val_top1']['final']:>7.2f}{t if t else float('nan'):>13.1f}"
+            f"{r['wall_seconds']:>8.1f}{tx:>18.2f}{led:>16.2f}{tx / led - 1:>+7.1%}"
+        )
+
+
 def plot() -> None:
+    """bench/results/network.png: validation top-1 against wall time, one panel per rate
+    and shape (the summary's figure is bench.rates')."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    files = sorted(RESULTS.glob("network-*.json"))
+    from bench.rates import load
+
+    files = load(RESULTS)
     if not files:
         return
-    fig, axes = plt.subplots(1, len(files), figsize=(6 * len(files), 4), squeeze=False)
-    for ax, f in zip(axes[0], files):
-        d = json.loads(f.read_text())
+    cols = min(3, len(files))
+    rows = -(-len(files) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(files) :]:
+        ax.axis("off")
+    for ax, d in zip(axes.flat, files):
         for r in d["results"]:
             ax.plot(
                 [e["seconds"] for e in r["evals"]],
                 [e["val_top1"] for e in r["evals"]],
                 marker="o",
+                ms=3,
                 label=r["method"],
             )
         ax.axhline(d["results"][0]["target_top1"], color="grey", ls=":", lw=1)

@@ -12,12 +12,14 @@ both full rank (1.0) and half (0.5) are shown.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import yaml
 
 from abtrain import config as abconfig
+from abtrain.__main__ import phase_compute
 from abtrain.checkpoint import atomic_write_text
 from abtrain.config import AB_METHODS
 from abtrain.planner import Plan, footprint, plan, step_flops, timing
@@ -38,12 +40,10 @@ RESULTS = Path("bench/results")
 
 
 def rate_bytes_per_s(rate: str) -> float | None:
-    """A tc rate as bench.network names it ('200mbit', '1gbit', 'unshaped') in bytes/s."""
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    for unit, scale in units.items():
-        if rate.endswith(unit):
-            return float(rate[: -len(unit)]) * scale / 8
-    return None
+    """A tc rate as bench.network names it ('200mbit', '1gbit', 'unshaped') in bytes/s;
+    None for anything else (unshaped, or a file name that is not a rate: '4n-200mbit')."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(k|m|g)bit", rate)
+    return float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8 if m else None
 
 
 def parts(ab: Plan, ddp: Plan) -> dict[str, float]:
@@ -116,7 +116,11 @@ def measured_mean(pl: Plan, step_seconds: dict[str, float]) -> float:
     seconds hold the syncs that fall in its steps)."""
     if set(step_seconds) == {"full"}:  # one phase: every step (PowerSGD's first ones too)
         return step_seconds["full"]
-    return sum(pl.steps.get(k, 0) * v for k, v in step_seconds.items()) / pl.total_steps
+    counts = dict(pl.steps)
+    # ab_powersgd's uncompressed first full-rank steps are warm-up steps in the run's log
+    # (while the warm-up is at least powersgd.start_iter long, as in every run here)
+    counts["warmup"] = counts.get("warmup", 0) + counts.pop("uncompressed", 0)
+    return sum(counts.get(k, 0) * v for k, v in step_seconds.items()) / pl.total_steps
 
 
 def network_check(params: dict) -> list[dict]:
@@ -136,13 +140,15 @@ def network_check(params: dict) -> list[dict]:
         for r in bench["results"]:
             if r["method"] not in free:
                 continue
-            sets = [f"method={r['method']}", *bench["overrides"]]
+            own = bench.get("method_overrides", {}).get(r["method"], [])  # its --method-set
+            sets = [f"method={r['method']}", *bench["overrides"], *own]
             cfg = abconfig.from_dict(params["train"], sets)
             pl = plan(cfg, bench["nodes"], bench["ranks_per_node"], classes=10)
 
             # the unshaped steps hold the syncs' local work already (no 'sync' entry):
             # the shaped link adds their bytes' time
-            t = timing(pl, bench["ranks_per_node"], dict(free[r["method"]]["step_seconds"]), link)
+            compute = phase_compute(pl, free[r["method"]]["step_seconds"])
+            t = timing(pl, bench["ranks_per_node"], compute, link)
             predicted = t.mean_step_seconds
             out.append(
                 dict(

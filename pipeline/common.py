@@ -46,8 +46,39 @@ def runs(p: dict[str, Any]) -> dict[str, Run]:
     return out
 
 
+# The values every run derives from the matrix: experiments.set can't name them.
+DERIVED = {
+    "method": "experiments.runs.NAME.method",
+    "batch_size": "train.batch_size, experiments.runs.NAME.batch or reference_global_batch",
+    "steps": "experiments.epochs or experiments.runs.NAME.steps",
+    "eval_every": "experiments.evaluations",
+}
+
+
+def experiment_sets(p: dict[str, Any]) -> list[str]:
+    """`experiments.set`: overrides of `train` for every run of the matrix, applied last.
+
+    They are the experiment's own values (`dvc exp run -S 'experiments.set=[...]'`), so they
+    win over the search's best and a run's own `set` alike; the searches never see them.
+    """
+    sets = p["experiments"].get("set") or []
+    if not isinstance(sets, list) or not all(isinstance(s, str) and "=" in s for s in sets):
+        raise abconfig.ConfigError(
+            f"experiments.set must be a list of 'key=value' strings, not {sets!r}"
+        )
+    for s in sets:
+        key = s.split("=", 1)[0].strip()
+        if key in DERIVED:
+            raise abconfig.ConfigError(
+                f"experiments.set: {key} is derived for each run from {DERIVED[key]}; set it there"
+            )
+    return list(sets)
+
+
 def base_config(p: dict[str, Any], run: Run | None = None) -> abconfig.Config:
-    return abconfig.from_dict(p["train"], list(run.set) if run else [])
+    """`train` with the run's own `set` and `experiments.set`: the model and data it trains."""
+    extra = list(run.set) + experiment_sets(p) if run else []
+    return abconfig.from_dict(p["train"], extra)
 
 
 def data_configs(p: dict[str, Any]) -> list[abconfig.ImageData]:
@@ -78,15 +109,30 @@ def train_size(cfg: abconfig.Config) -> int:
     return sum(meta["counts"]["train"].values())
 
 
-def run_overrides(
+@dataclass(frozen=True)
+class Override:
+    """One `--set key=value` of a run and where its value comes from."""
+
+    key: str
+    value: str
+    source: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.key}={self.value}"
+
+
+def resolve(
     p: dict[str, Any], run: Run, best: dict[str, Any] | None, size: int | None = None
-) -> list[str]:
-    """The `--set` overrides that make the `train` section into this run of the matrix.
+) -> list[Override]:
+    """The overrides that make the `train` section into this run of the matrix, in order
+    (a later one wins), each with its source.
 
     Every run sees the same number of samples (experiments.epochs) unless it gives its own
     `steps`; the schedule is the same fraction of each run's steps; the search's best values
-    are applied where asked for; a run's own `set` comes last and wins over both (the
-    authors' per-run schedules and hyperparameters in the paper profile).
+    are applied where asked for (they replace `train`'s and experiments.schedule's); then a
+    run's own `set` (the authors' per-run schedules and hyperparameters in the paper
+    profile); then `experiments.set`, the experiment's explicit values, which win over all.
     """
     e, base = p["experiments"], base_config(p, run)
     local = base.batch_size if run.batch == "local" else e["reference_global_batch"] // run.world
@@ -94,27 +140,58 @@ def run_overrides(
         raise ValueError(f"experiments.runs.{run.name}: no samples per rank")
     size = size or train_size(base)  # a planner may pass the size of data it doesn't have
     steps = run.steps or max(1, math.floor(e["epochs"] * size / (local * run.world)))
-    sets = [
-        f"method={run.method}",
-        f"batch_size={local}",
-        f"steps={steps}",
-        f"eval_every={max(1, steps // e['evaluations'])}",
+    matrix = f"experiments.runs.{run.name}"
+    out = [
+        Override("method", run.method, matrix),
+        Override("batch_size", str(local), f"{matrix}.batch={run.batch}"),
+        Override("steps", str(steps), f"{matrix}.steps" if run.steps else "experiments.epochs"),
+        Override("eval_every", str(max(1, steps // e["evaluations"])), "experiments.evaluations"),
     ]
-    fractions = dict(e["schedule"])
+    fractions = {k: (v, "experiments.schedule") for k, v in e["schedule"].items()}
     if best is not None:
         from search import space
 
         s = space.load(p["search"]).space
+        origin = f"search best ({best.get('backend', p['search']['backend'])})"
         for key, value in best["params"].items():
             if key == "ab.group_size":
                 continue  # tied to the search workers' shape; here groups are nodes
             if s[key].kind == "fraction":
-                fractions[key] = value
+                fractions[key] = (value, origin)
             else:
-                sets.append(f"{key}={json.dumps(value)}")
+                out.append(Override(key, json.dumps(value), origin))
     # AB phase lengths need a step at least; warm-ups may be empty
-    floor = {k: 1 if k in ("ab.ab_steps", "ab.rebound_steps") else 0 for k in fractions}
-    sets += [f"{k}={max(floor[k], round(v * steps))}" for k, v in fractions.items()]
-    sets += run.set
-    abconfig.from_dict(p["train"], sets)  # fail here, naming the key, not inside torchrun
-    return sets
+    for k, (v, origin) in fractions.items():
+        floor = 1 if k in ("ab.ab_steps", "ab.rebound_steps") else 0
+        out.append(Override(k, str(max(floor, round(v * steps))), f"{origin}: {v:g} of steps"))
+    for origin, texts in ((f"{matrix}.set", run.set), ("experiments.set", experiment_sets(p))):
+        for text in texts:
+            key, _, value = text.partition("=")
+            out.append(Override(key.strip(), value, origin))
+    # fail here, naming the key, not inside torchrun
+    abconfig.from_dict(p["train"], [o.text for o in out])
+    return out
+
+
+def run_overrides(
+    p: dict[str, Any], run: Run, best: dict[str, Any] | None, size: int | None = None
+) -> list[str]:
+    """The `--set` overrides of this run of the matrix (see `resolve`)."""
+    return [o.text for o in resolve(p, run, best, size)]
+
+
+def provenance(p: dict[str, Any], overrides: list[Override]) -> list[str]:
+    """One line per value the run doesn't take from `train`: its source, and what it replaced
+    (so a value that lost to a later source shows where it went)."""
+    lines, seen = [], {}
+    for o in overrides:
+        seen.setdefault(o.key, []).append(o)
+    for key, chain in seen.items():
+        *lost, won = chain
+        node: Any = p["train"]
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        replaced = [f"{o.value} from {o.source}" for o in reversed(lost)]
+        replaced.append(f"{json.dumps(node)} from train")
+        lines.append(f"{key}={won.value}  <- {won.source}; replaces {', '.join(replaced)}")
+    return lines

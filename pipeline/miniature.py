@@ -23,7 +23,7 @@ local SLURM cluster of the tests (tests/slurm_cluster.py: slurmctld and two slur
 `--cluster existing` submits to the cluster that `sbatch` reaches as it is.
 
 The folder (`--out`, default out/paper-mini) holds sources/ (the data), repo/ (the working
-copy: params.yaml, runs/, metrics/, reports/), repro.log and miniature.json (what was run).
+copy: params.yaml, runs/, results/, metrics/, reports/), repro.log and miniature.json (what was run).
 """
 
 from __future__ import annotations
@@ -442,9 +442,10 @@ def working_copy(dest: Path) -> None:
         text=True,
         check=True,
     ).stdout.split("\0")
-    results = ("dvc.lock", "metrics/", "plots/", "reports/")  # the default profile's
+    results = ("dvc.lock", "metrics/", "results/", "plots/", "reports/")  # the default profile's
+    inputs = ("reports/seeds/", "reports/table2/")  # committed benchmarks the report reads
     for f in files:
-        if f and (ROOT / f).is_file() and not f.startswith(results):
+        if f and (ROOT / f).is_file() and (not f.startswith(results) or f.startswith(inputs)):
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, dest / f)
     git = ["git", "-c", "user.email=paper-mini@localhost", "-c", "user.name=paper-mini"]
@@ -452,10 +453,6 @@ def working_copy(dest: Path) -> None:
         subprocess.run(git + cmd, cwd=dest, check=True)
     if (ROOT / ".venv").is_dir():
         (dest / ".venv").symlink_to(ROOT / ".venv")  # `source .venv/bin/activate` in jobs
-    vega = ROOT / ".cache" / "vega" / "template.html"
-    if vega.is_file():  # offline DVC plots, if this checkout fetched vega once
-        (dest / ".cache" / "vega").mkdir(parents=True)
-        shutil.copy2(vega, dest / ".cache" / "vega" / "template.html")
 
 
 def fresh(out: Path) -> None:
@@ -500,7 +497,7 @@ def summarize(repo: Path, plan: dict[str, dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for name, p in plan.items():
-        path = repo / "metrics" / f"{name}.json"
+        path = repo / "results" / f"{name}.json"
         cells = ["—"] * 3
         if path.exists():
             s = json.loads(path.read_text())

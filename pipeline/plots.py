@@ -1,67 +1,90 @@
-"""DVC plots that render offline: `dvc plots show` with an HTML template that carries
-vega, vega-lite and vega-embed inline (DVC's default template loads them from a CDN).
+"""The validation curves of every run as DVC plots, and the same charts rendered offline.
 
-The three libraries come from the npm registry (`npm pack`, once, into .cache/vega) and
-are inlined into the template there; nothing of them is committed.
+`dvc plots show` draws the top-level `plots:` of dvc.yaml: `reports/curves.json` (one row
+per evaluation of every run, written by the report) through `pipeline/curves_template.json`
+(a Vega-Lite template: one panel per scale, one line per run, coloured by method, each line
+labelled with its run's name). DVC's page loads Vega from a CDN when opened; for a page and
+figures without a network this module fills the same template with DVC's own renderer
+(dvc_render) from the same definitions in dvc.yaml, and renders it with vl-convert (Vega and
+Vega-Lite compiled into the wheel; pinned in requirements.lock): SVG and PNG in
+`reports/figures/`, a self-contained HTML page per chart in `reports/plots/`.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
+import json
 import sys
-import tarfile
 from pathlib import Path
+from typing import Any
 
-CACHE = Path(".cache/vega")
-PACKAGES = {
-    "vega@5": "build/vega.min.js",
-    "vega-lite@5": "build/vega-lite.min.js",
-    "vega-embed@6": "build/vega-embed.min.js",
-}
+import yaml
+
+from abtrain.checkpoint import atomic_write_text
+
+DVC_YAML = Path("dvc.yaml")
+TEMPLATE = "pipeline/curves_template.json"
+FIGURES = Path("reports/figures")
+PAGES = Path("reports/plots")
+VEGA_LITE = "5.21"  # one of vl_convert.get_vegalite_versions(); fixed so figures don't drift
 
 
-def template() -> Path:
-    out = CACHE / "template.html"
-    if out.exists():
-        return out
-    if shutil.which("npm") is None:
-        raise RuntimeError("npm is needed once to fetch vega for offline DVC plots")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    scripts = []
-    for spec, member in PACKAGES.items():
-        name = (
-            subprocess.run(
-                ["npm", "pack", spec, "--silent"],
-                cwd=CACHE,
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
-        with tarfile.open(CACHE / name) as tar:
-            scripts.append(tar.extractfile(f"package/{member}").read().decode())
-    body = "\n".join(f"<script>{s}</script>" for s in scripts)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(
-        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
-        f"<title>abtrain plots</title>{body}</head>\n<body>\n{{plot_divs}}\n</body></html>\n"
-    )
-    tmp.replace(out)
+def definitions(dvc_yaml: Path = DVC_YAML) -> dict[str, dict[str, Any]]:
+    """dvc.yaml's plots drawn with our template: {id: {source, x, y, title, x_label, y_label}}."""
+    out = {}
+    for item in yaml.safe_load(dvc_yaml.read_text()).get("plots", []):
+        if not isinstance(item, dict):
+            continue
+        ((name, props),) = item.items()
+        if not props or props.get("template") != TEMPLATE or not isinstance(props.get("y"), dict):
+            continue
+        ((source, y),) = props["y"].items()
+        out[name] = dict(props, source=source, y=y)
     return out
 
 
+def spec(props: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Vega-Lite spec `dvc plots show` makes of these rows (its renderer, its template)."""
+    from dvc_render.vega import VegaRenderer
+
+    # DVC tags each row with its revision (the template draws one line per run and revision)
+    data = [{**r, "rev": r.get("rev", "workspace")} for r in rows]
+    keep = ("x", "y", "title", "x_label", "y_label")
+    renderer = VegaRenderer(
+        data, props.get("title", ""), template=TEMPLATE, **{k: props[k] for k in keep if k in props}
+    )
+    return renderer.get_filled_template()
+
+
+def render(dvc_yaml: Path = DVC_YAML) -> list[Path]:
+    """SVG, PNG and an offline HTML page of each chart; nothing when no run has a curve."""
+    import vl_convert as vlc
+
+    made = []
+    for name, props in definitions(dvc_yaml).items():
+        source = Path(props["source"])
+        rows = json.loads(source.read_text()) if source.exists() else []
+        rows = [r for r in rows if r.get(props["x"]) is not None and r.get(props["y"]) is not None]
+        if not rows:
+            continue
+        s = spec(props, rows)
+        FIGURES.mkdir(parents=True, exist_ok=True)
+        PAGES.mkdir(parents=True, exist_ok=True)
+        svg = FIGURES / f"{name}.svg"
+        atomic_write_text(svg, vlc.vegalite_to_svg(s, vl_version=VEGA_LITE))
+        png = FIGURES / f"{name}.png"
+        tmp = png.with_suffix(".png.tmp")
+        tmp.write_bytes(vlc.vegalite_to_png(s, vl_version=VEGA_LITE, scale=2))
+        tmp.replace(png)
+        page = vlc.vegalite_to_html(s, vl_version=VEGA_LITE, bundle=True)
+        atomic_write_text(PAGES / f"{name}.html", page)
+        made += [svg, png]
+    return made
+
+
 def main() -> int:
-    try:
-        t = template()
-    except (RuntimeError, subprocess.CalledProcessError) as err:
-        print(f"[pipeline] offline plots skipped: {err}", file=sys.stderr)
-        return 0
-    return subprocess.run(
-        ["dvc", "plots", "show", "--html-template", str(t), "-o", "reports/plots"]
-    ).returncode
+    for path in render():
+        print(f"[pipeline] plots: {path}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ shell-quoted, so a space or `;` in one cannot run a command; secrets have no pla
 Resume on requeue: jobs are submitted with `--requeue`, so a preempted job runs again and
 resumes from its last checkpoint. Before the time limit (`stop_before_s`), the trainer
 checkpoints at its next checkpoint step and writes DIR/REQUEUE; the script then requeues
-the job, which resumes there.
+the job, which resumes there. SLURM also sends SIGUSR1 to every process of the step
+`stop_before_s` before the limit (`--signal`), which the trainer treats alike: it covers a
+time limit changed after the job started. A rank that fails is restarted by torchrun, with
+every other rank, up to `max_restarts` times; each restart resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 q = shlex.quote
 
 
-WHOLE_NUMBERS = ("cpus_per_task", "gpus_per_node", "stop_before_s", "search_nodes")
+WHOLE_NUMBERS = ("cpus_per_task", "gpus_per_node", "stop_before_s", "search_nodes", "max_restarts")
 ONE_LINE = ("partition", "account", "time")
 
 
@@ -91,14 +94,26 @@ def train_script(
     job_name: str,
 ) -> str:
     """One run: `python -m abtrain ARGS` on nodes × ranks_per_node ranks."""
+    slurm = checked(slurm, job_name)
     lines = _header(slurm, job_name, nodes, 1, out / "slurm-%j.log")
+    margin = int(slurm.get("stop_before_s") or 0)
+    restarts = int(slurm.get("max_restarts") or 0)
+    if margin:
+        # No `B:`: SLURM signals every process of the job steps (torchrun and, through the
+        # process tracking, its ranks, each in a session of its own), not the batch shell,
+        # which waits on srun and could only act once srun has returned.
+        lines.insert(lines.index("#SBATCH --requeue") + 1, f"#SBATCH --signal=USR1@{margin}")
     # the task's cores shared among the node's ranks (torchrun sets 1 thread only for several
     # ranks per node; one rank alone would take every core of the machine); env can override
     threads = max(1, int(slurm["cpus_per_task"]) // int(ranks_per_node))
     lines.append(f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{threads}}}"')
-    margin = int(slurm.get("stop_before_s") or 0)
     torchrun = " ".join(
         [
+            # torchrun would die of SIGUSR1 (its default action) and take the ranks down; an
+            # ignored signal stays ignored through exec and fork, and the trainer installs its
+            # own handler over it
+            'trap "" USR1;',
+            "exec",
             "python",
             "-m",
             "torch.distributed.run",
@@ -107,11 +122,16 @@ def train_script(
             "--rdzv-backend=c10d",
             '--rdzv-endpoint="$head:$port"',
             '--rdzv-id="$SLURM_JOB_ID"',
+            f"--max-restarts={restarts}",
             "-m",
             "abtrain",
             *[q(a) for a in args],
         ]
     )
+    if restarts:
+        # one store for every rendezvous round would hand restarted ranks the dead ones'
+        # addresses; without sharing, each round's rank 0 serves a fresh one
+        lines.append("export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
     lines += [
         'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'head=$(scontrol show node "$first" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2)',

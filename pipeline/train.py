@@ -1,8 +1,10 @@
 """Stage `train@NAME`: one run of the experiment matrix, launched as its nodes ask.
 
-Writes runs/train/NAME (the run folder: summary, ledger, checkpoints), metrics/NAME.json
-(its summary, a DVC metrics file) and plots/NAME.json (its learning curve, for DVC plots).
-A folder holding the same config's unfinished run is resumed; another config's is cleared.
+Writes runs/train/NAME (the run folder: summary, ledger, checkpoints), results/NAME.json
+(its whole summary and the run's place in the matrix: what the report reads),
+metrics/NAME.json (a few scalars, for `dvc metrics show` and `dvc exp show`) and
+plots/NAME.json (one row per evaluation, for DVC plots). A folder holding the same config's
+unfinished run is resumed; another config's is cleared.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from abtrain import config as abconfig
 from abtrain.checkpoint import atomic_write_text
 from abtrain.launch import run_local
-from pipeline.common import PARAMS, RUNS, params, run_overrides, runs
+from pipeline.common import PARAMS, RUNS, Run, params, provenance, resolve, runs
+
+RESULTS, METRICS, PLOTS = Path("results"), Path("metrics"), Path("plots")
 
 
 def best_config(p: dict) -> dict | None:
@@ -27,19 +32,74 @@ def best_config(p: dict) -> dict | None:
     return json.loads(path.read_text())
 
 
+def scalars(result: dict[str, Any]) -> dict[str, float]:
+    """metrics/NAME.json: what one compares runs by, a handful of numbers (the ratio to the
+    ddp baseline needs the other runs: the report writes it)."""
+    return dict(
+        top1_best=result["val_top1"]["best"],
+        top1_final=result["val_top1"]["final"],
+        inter_node_mb_per_step=round(
+            result["traffic"]["inter_node_bytes"] / result["steps"] / 1e6, 4
+        ),  # per rank
+        compression=round(result["compression_ratio"], 4),
+        wall_minutes=round(result["wall_seconds"] / 60, 2),
+    )
+
+
+def curve(name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """plots/NAME.json: one row per evaluation; inter_node_mb is the per-rank running total."""
+    return [
+        dict(
+            run=name,
+            step=e["step"],
+            val_top1=e["val_top1"],
+            val_loss=e["val_loss"],
+            inter_node_mb=e["inter_node_bytes"] / 1e6,
+            samples=e["samples"],
+        )
+        for e in result["evals"]
+    ]
+
+
+def write_outputs(name: str, run: Run, cfg: abconfig.Config, summary: dict[str, Any]) -> None:
+    result = dict(summary)
+    result["run"] = dict(
+        name=name,
+        nodes=run.nodes,
+        ranks_per_node=run.ranks_per_node,
+        batch=run.batch,
+        global_batch=summary["world_size"] * cfg.batch_size,
+        model=cfg.model.name,  # a run's ddp baseline is that of the same model and data
+        data=cfg.data.name,
+    )
+    atomic_write_text(RESULTS / f"{name}.json", json.dumps(result, indent=2))
+    atomic_write_text(METRICS / f"{name}.json", json.dumps(scalars(result), indent=2))
+    atomic_write_text(PLOTS / f"{name}.json", json.dumps(curve(name, result), indent=2))
+
+
 def main(name: str) -> int:
     p = params()
     matrix = runs(p)
     if name not in matrix:
         raise SystemExit(f"experiments.runs has no run named {name!r}")
     run = matrix[name]
-    sets = run_overrides(p, run, best_config(p))
+    resolved = resolve(p, run, best_config(p))
+    # the values a user set and the ones that replaced them, in the stage's log
+    print(f"[pipeline] {name}: values not taken from `train` (a later source wins):", flush=True)
+    for line in provenance(p, resolved):
+        print(f"[pipeline]   {line}", flush=True)
+    sets = [o.text for o in resolved]
+    # MLflow's name and tags for the run: the matrix's name, its scale and batch scheme
+    sets += [
+        f"tracking.run_name={json.dumps(name)}",
+        f"tracking.tags.scale={json.dumps(f'{run.nodes}x{run.ranks_per_node}')}",
+        f"tracking.tags.batch={json.dumps(run.batch)}",
+    ]
     out = RUNS / "train" / name
     saved = out / "config.json"
-    if saved.exists():
-        cfg = abconfig.load(PARAMS, sets)
-        if json.loads(saved.read_text()) != cfg.dump():
-            shutil.rmtree(out)
+    cfg = abconfig.load(PARAMS, sets)
+    if saved.exists() and json.loads(saved.read_text()) != cfg.dump():
+        shutil.rmtree(out)
     launcher = p["experiments"]["launcher"]
     args = [
         "train",
@@ -57,23 +117,7 @@ def main(name: str) -> int:
         code = run_slurm(p, run, args, out)
     if code:
         return code
-    summary = json.loads((out / "summary.json").read_text())
-    cfg = abconfig.load(PARAMS, sets)
-    summary["run"] = dict(
-        name=name,
-        nodes=run.nodes,
-        ranks_per_node=run.ranks_per_node,
-        batch=run.batch,
-        global_batch=summary["world_size"] * cfg.batch_size,
-        model=cfg.model.name,  # a run's ddp baseline is that of the same model and data
-        data=cfg.data.name,
-    )
-    atomic_write_text(Path("metrics") / f"{name}.json", json.dumps(summary, indent=2))
-    curve = [
-        dict(step=e["step"], val_top1=e["val_top1"], val_loss=e["val_loss"])
-        for e in summary["evals"]
-    ]
-    atomic_write_text(Path("plots") / f"{name}.json", json.dumps(curve, indent=2))
+    write_outputs(name, run, cfg, json.loads((out / "summary.json").read_text()))
     return 0
 
 

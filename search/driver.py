@@ -10,13 +10,14 @@ import argparse
 import copy
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from abtrain import config as abconfig
-from search import objective, record, space
+from search import objective, progress, record, space
 from search.context import Context, search_base
 
 
@@ -132,13 +133,24 @@ def main(argv: list[str] | None = None) -> int:
         from search.propulate_backend import run
     else:
         from search.optuna_backend import run
-    run(ctx)
-    world.Barrier()
-    if world.rank == 0:
-        best = record.write_best(out)
-        tracking.finish_parent(state["parent"], best)
-        print(
-            f"[search] best error {best['error']:.2f} (median {best['median_error']:.2f}) "
-            f"after {best['evaluations']} evaluations: {' '.join(best['overrides'])}"
-        )
+    with progress.tagged(progress.tag_for(world.rank, scfg.ranks_per_worker)):
+        if world.rank == 0:
+            workers = world.size // scfg.ranks_per_worker
+            print(
+                f"{scfg.backend}: {ctx.total} evaluations on {workers} worker(s) of "
+                f"{scfg.ranks_per_worker} rank(s), {ctx.done_before} done before",
+                flush=True,
+            )
+        run(ctx)
+        world.Barrier()
+        if world.rank == 0:
+            best = record.write_best(out)
+            tracking.finish_parent(state["parent"], best)
+            print(
+                f"best error {best['error']:.2f}% (median {best['median_error']:.2f}%) after "
+                f"{best['evaluations']} evaluations in "
+                f"{progress.duration(time.time() - ctx.session_start)}: "
+                f"{' '.join(best['overrides'])}",
+                flush=True,
+            )
     return 0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from abtrain import tracking
 from abtrain.checkpoint import atomic_write_text, diff_keys
 from abtrain.tracking import default_uri, flatten
 
@@ -229,6 +230,7 @@ class Tracking:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=uri or default_uri())
+        self.uri = uri or default_uri()
         exp = self.client.get_experiment_by_name(experiment)
         self.experiment_id = exp.experiment_id if exp else None
         self.experiment = experiment
@@ -237,8 +239,8 @@ class Tracking:
         """Rank 0: the search's run (reopened on resume, its stale children marked KILLED)."""
         if self.client is None:
             return ""
-        if self.experiment_id is None:
-            self.experiment_id = self.client.create_experiment(self.experiment)
+        if self.experiment_id is None:  # as the trainer makes it: artifacts in mlartifacts/
+            self.experiment_id = tracking.experiment_id(self.client, self.experiment, self.uri)
         if run_id:
             self.client.update_run(run_id, status="RUNNING")
             stale = self.client.search_runs(

@@ -1,9 +1,11 @@
+import hashlib
 import io
 import json
 import os
 import pickle
 import pickletools
 import random
+import re
 import struct
 import subprocess
 import sys
@@ -680,3 +682,36 @@ def test_a_crafted_cifar_pickle_runs_no_code(tmp_path, monkeypatch, where, call)
     assert str(source) in str(err.value)
     assert not marker.exists()
     assert not (tmp_path / "p").exists()
+
+
+def test_prepare_tells_its_progress_on_stderr_at_a_bounded_rate(tmp_path, capsys, monkeypatch):
+    write_tree(tmp_path / "tree" / "mydata", per_class=6)
+    with tarfile.open(tmp_path / "t.tar", "w") as tar:
+        tar.add(tmp_path / "tree" / "mydata", arcname="mydata")
+    sha = hashlib.sha256((tmp_path / "t.tar").read_bytes()).hexdigest()
+    d = image_cfg(source=str(tmp_path / "t.tar"), sha256=sha, prepared=str(tmp_path / "p"))
+    data.prepare(d)
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == ""  # stdout stays for results
+    # a run this short: only the closing line of each step
+    assert len(lines) == 3, lines
+    mb = (tmp_path / "t.tar").stat().st_size / 1e6
+    assert re.fullmatch(
+        rf"\[prepare\] sha256 of {tmp_path / 't.tar'}: {mb:,.0f} of {mb:,.0f} MB "
+        r"\(100%\), [\d,]+ MB/s, [\d.]+ s",
+        lines[0],
+    ), lines
+    assert re.fullmatch(
+        r"\[prepare\] decoding train: 12 of 12 images \(100%\), [\d,]+ images/s, "
+        r"[\d.]+ s",
+        lines[1],
+    ), lines
+    assert lines[2].startswith("[prepare] decoding val: 12 of 12 images (100%)")
+
+    monkeypatch.setattr(data, "PROGRESS_EVERY_S", 0.0)  # a line per image: k of N, the ETA
+    data.prepare(image_cfg(source=str(tmp_path / "t.tar"), prepared=str(tmp_path / "q")))
+    lines = capsys.readouterr().err.splitlines()
+    train = [x for x in lines if "decoding train" in x]
+    assert [int(re.search(r": (\d+) of 12", x).group(1)) for x in train] == list(range(1, 13))
+    assert re.search(r"\(50%\), [\d,]+ images/s, ETA \d+ s$", train[5]), train

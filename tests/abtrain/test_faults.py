@@ -118,3 +118,32 @@ def test_a_deleted_config_json_does_not_let_another_config_resume(killed):
     assert resumed.returncode != 0
     assert "another config (optim.lr differ)" in resumed.stderr
     assert checkpoint.resume_candidates(killed / "checkpoints") == [30, 20]
+
+
+def test_a_rank_that_dies_is_restarted_by_torchrun_and_the_run_ends_as_an_uninterrupted_one(
+    tmp_path,
+):
+    """`--max-restarts`: rank 1 (node 1 of 2) dies at step 25, inside an AB phase; torchrun
+    restarts every rank of both nodes (c10d rendezvous), they resume from step 20, and the
+    run ends with the summary of a run that never failed."""
+
+    def run(out: Path, restarts: int, env: dict) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "abtrain.launch", "--nnodes=2", "--nproc-per-node=1"]
+        cmd += [f"--max-restarts={restarts}", "train", "--config", str(PARAMS), "--out", str(out)]
+        for o in [*TINY, "method=ab"]:
+            cmd += ["--set", o]
+        return subprocess.run(
+            cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=240
+        )
+
+    plain = run(tmp_path / "plain", 0, {})
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    hit = run(tmp_path / "hit", 1, {"ABTRAIN_FAIL_AT": "1:25"})
+    assert hit.returncode == 0, hit.stderr[-3000:]
+    assert "rank 1: injected failure at step 25" in hit.stderr
+    assert "resumed from step 20 (ab phase)" in hit.stdout
+    a, b = summary(tmp_path / "plain"), summary(tmp_path / "hit")
+    assert b["nodes"] == 2 and b["steps"] == 40
+    assert a["train_loss_final"] == b["train_loss_final"]
+    assert [e["val_top1"] for e in a["evals"]] == [e["val_top1"] for e in b["evals"]]
+    assert a["traffic"]["inter_node_bytes"] == b["traffic"]["inter_node_bytes"]

@@ -1,12 +1,17 @@
 """MLflow for real: a SQLite store read back through MLflow's API, and its UI in Chromium."""
 
+import csv
+import html
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -20,57 +25,224 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory):
-    """One 2-rank AB run (two groups of one rank) tracked in a fresh SQLite store."""
+    """Two runs of 2 nodes x 1 rank tracked in one fresh SQLite store: AB (a generated run
+    name, tags as the pipeline passes them, the model logged) and DDP (a run name given, a
+    tag added by key, no model)."""
     d = tmp_path_factory.mktemp("tracked")
     uri = f"sqlite:///{d / 'mlflow.db'}"
-    proc = launch(
-        d / "run",
+    common = ["tracking.enabled=true", f"tracking.uri={uri}", "tracking.required=true"]
+    ab = launch(
+        d / "ab",
+        *common,
         "method=ab",
-        "ab.group_size=1",
-        "tracking.enabled=true",
-        f"tracking.uri={uri}",
-        "tracking.required=true",
         "tracking.log_every=3",
-        nnodes=1,
-        nproc=2,
+        'tracking.tags={"scale": "2x1", "batch": "local"}',
+        nnodes=2,
+        nproc=1,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ab.returncode == 0, ab.stderr[-3000:]
+    ddp = launch(
+        d / "ddp",
+        *common,
+        "method=ddp",
+        "tracking.run_name=ddp-2x1-local",
+        "tracking.tags.scale=2x1",
+        "tracking.log_model=false",
+        nnodes=2,
+        nproc=1,
+    )
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
     client = MlflowClient(tracking_uri=uri)
-    runs = client.search_runs([client.get_experiment_by_name("abtrain").experiment_id])
-    assert len(runs) == 1  # only rank 0 writes
-    return d, uri, client, runs[0]
+    exp = client.get_experiment_by_name("abtrain")
+    runs = {r.data.tags["method"]: r for r in client.search_runs([exp.experiment_id])}
+    assert len(runs) == 2  # only rank 0 writes
+    return d, uri, client, runs, ab.stdout
 
 
 def test_run_logs_params_tags_metrics_and_artifacts(tracked):
-    d, _, client, run = tracked
+    d, _, client, runs, _ = tracked
+    run = runs["ab"]
     assert run.info.status == "FINISHED"
     p = run.data.params
     assert p["method"] == "ab" and p["ab.sigma_cutoff"] == "0.15" and p["model.width"] == "64"
     assert p["steps"] == "40" and p["data.name"] == "synthetic"
     t = run.data.tags
-    assert t["method"] == "ab" and t["world_size"] == "2" and t["nodes"] == "1"
+    assert t["method"] == "ab" and t["world_size"] == "2" and t["nodes"] == "2"
+    assert t["ranks_per_node"] == "1" and t["batch_size"] == "16" and t["global_batch"] == "32"
+    assert t["scale"] == "2x1" and t["batch"] == "local"  # tracking.tags
     assert t["dataset"] == "synthetic" and t["model"] == "mlp" and len(t["git_commit"]) >= 7
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
     assert steps == list(range(0, 40, 3))
     phases = {m.value for m in client.get_metric_history(run.info.run_id, "phase")}
     assert phases == {1.0, 2.0, 3.0}  # warm-up, AB, rebound
     evals = client.get_metric_history(run.info.run_id, "val_top1")
-    assert len(evals) == len(summary(d / "run")["evals"]) >= 4
+    assert len(evals) == len(summary(d / "ab")["evals"]) >= 4
     for key in (
         "val_loss",
         "val_top5",
         "train_loss",
         "train_top1",
         "compression_ratio",
+        "rank_fraction_mean",
         "inter_node_bytes",
         "intra_node_bytes",
-        "rank/layers.1",
     ):
         assert client.get_metric_history(run.info.run_id, key), key
-    ranks = client.get_metric_history(run.info.run_id, "rank/layers.1")
-    assert len(ranks) == len(summary(d / "run")["factorizations"])
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"summary.json", "ledger.jsonl", "config.json", "model.pt"} <= names
+    assert {"summary.json", "ledger.jsonl", "config.json", "model.pt", "ranks.csv"} <= names
+
+
+def test_run_names_and_tags_tell_matrix_points_apart(tracked):
+    from abtrain.tracking import run_name_for
+    from tests.conftest import tiny_config
+
+    d, _, _, runs, _ = tracked
+    assert runs["ab"].info.run_name == "ab-mlp-synthetic-2x1-b16"
+    assert runs["ddp"].info.run_name == "ddp-2x1-local"
+    assert runs["ddp"].data.tags["scale"] == "2x1" and "batch" not in runs["ddp"].data.tags
+    s = summary(d / "ab")
+    assert (s["run_name"], s["tags"]) == (
+        "ab-mlp-synthetic-2x1-b16",
+        {"scale": "2x1", "batch": "local"},
+    )
+    assert (s["batch_size"], s["global_batch"], s["ranks_per_node"]) == (16, 32, 1)
+    # the matrix's points of one method: 2x2, 2x1 at a local batch, 2x1 at a global batch
+    cfg, small = tiny_config(), tiny_config("batch_size=8")
+    names = {run_name_for(cfg, 2, 2), run_name_for(cfg, 2, 1), run_name_for(small, 2, 1)}
+    assert len(names) == 3
+
+
+def test_tags_override_takes_a_mapping_and_single_keys():
+    from abtrain import config
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config('tracking.tags={"scale": "2x2", "batch": "local"}', "tracking.tags.seed=3")
+    assert cfg.tracking.tags == {"scale": "2x2", "batch": "local", "seed": "3"}
+    with pytest.raises(config.ConfigError, match=r"tracking\.tags"):
+        tiny_config("tracking.tags=[a, b]")
+    with pytest.raises(config.ConfigError, match=r"tracking\.run_name"):
+        tiny_config("tracking.run_name=")
+
+
+def test_experiment_is_marked_for_training_and_keeps_artifacts_beside_the_store(tracked):
+    d, _, client, runs, _ = tracked
+    exp = client.get_experiment_by_name("abtrain")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert exp.artifact_location == (d / "mlartifacts").as_uri()
+    for run in runs.values():
+        assert run.info.artifact_uri.startswith((d / "mlartifacts").as_uri())
+    assert (d / "mlartifacts").is_dir() and not (d / "mlruns").exists()
+    # an experiment made elsewhere gets the kind when abtrain first uses it
+    from abtrain.tracking import experiment_id
+
+    other = client.create_experiment("made-elsewhere")
+    assert experiment_id(client, "made-elsewhere", "sqlite:///x.db") == other
+    assert client.get_experiment(other).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_ranks_are_an_artifact_not_a_metric_each(tracked):
+    d, _, client, runs, _ = tracked
+    run = runs["ab"]
+    assert not [k for k in run.data.metrics if k.startswith("rank/")]
+    local = client.download_artifacts(run.info.run_id, "ranks.csv", str(d / "dl"))
+    rows = list(csv.DictReader(open(local)))
+    facts = summary(d / "ab")["factorizations"]
+    assert len(rows) == sum(len(f["ranks"]) for f in facts)
+    assert {(int(r["step"]), r["layer"], int(r["rank"])) for r in rows} == {
+        (f["step"], layer, k) for f in facts for layer, k in f["ranks"].items()
+    }
+    shapes = {(r["layer"], r["rows"], r["cols"], r["full_rank"]) for r in rows}
+    assert shapes == {("layers.1", "64", "64", "64"), ("layers.2", "64", "64", "64")}
+
+
+def test_epoch_is_samples_over_the_training_set(tracked):
+    d, _, client, runs, _ = tracked
+    s = summary(d / "ab")
+    history = client.get_metric_history(runs["ab"].info.run_id, "epoch")
+    by_step = {m.step: m.value for m in history}
+    for e in s["evals"]:
+        assert e["samples"] == e["step"] * 32
+        assert e["epoch"] == pytest.approx(e["samples"] / 2000) == by_step[e["step"]]
+    assert by_step[40] == s["epochs"] == pytest.approx(40 * 32 / 2000)
+
+
+def test_final_metrics_equal_the_summary(tracked):
+    d, _, client, runs, _ = tracked
+    for method, run in runs.items():
+        s = summary(d / method)
+        final = client.get_run(run.info.run_id).data.metrics
+        t = s["traffic"]
+        assert t["inter_node_bytes"] > 0
+        assert t["inter_node_bytes_per_step"] == t["inter_node_bytes"] / s["steps"]
+        assert final["inter_node_bytes"] == t["inter_node_bytes"]
+        assert final["intra_node_bytes"] == t["intra_node_bytes"]
+        assert final["inter_node_bytes_per_step"] == t["inter_node_bytes_per_step"]
+        assert final["final/inter_node_mb_per_step"] == t["inter_node_bytes_per_step"] / 1e6
+        assert final["final/val_top1_best"] == s["val_top1"]["best"]
+        assert final["final/val_top1_final"] == s["val_top1"]["final"]
+        assert final["final/compression_ratio"] == s["compression_ratio"]
+        assert final["compression_ratio"] == s["compression_ratio"]
+        assert final["final/wall_seconds"] == s["wall_seconds"]
+        assert final["epoch"] == s["epochs"]
+        steps = {m.step for m in client.get_metric_history(run.info.run_id, "inter_node_bytes")}
+        assert max(steps) == s["steps"]  # logged at the final step
+        # each evaluation has the running per-rank traffic; the last one ties with the
+        # summary but for the final checkpoint's collectives, which come after it
+        evals = [e["inter_node_bytes"] for e in s["evals"]]
+        assert evals == sorted(evals)
+        rows = [json.loads(line) for line in open(d / method / "ledger.jsonl")]
+        after = [r for r in rows if r["step"] == s["steps"] and r["phase"] == "checkpoint"]
+        assert after
+        tail = sum(r["wire_bytes"] for r in after if r["inter_node"]) / s["world_size"]
+        assert evals[-1] + tail == t["inter_node_bytes"]
+
+
+def test_source_tags_dataset_input_and_system_metrics(tracked):
+    _, _, client, runs, _ = tracked
+    run = client.get_run(runs["ab"].info.run_id)
+    t = run.data.tags
+    assert t["mlflow.source.git.commit"] == t["git_commit"]
+    assert t["mlflow.source.name"] == "python -m abtrain train"
+    assert t["mlflow.source.type"] == "LOCAL" and t["mlflow.user"]
+    (inp,) = run.inputs.dataset_inputs
+    assert inp.dataset.name == "synthetic" and len(inp.dataset.digest) == 16
+    assert json.loads(inp.dataset.profile)["train_samples"] == 2000
+    assert {(x.key, x.value) for x in inp.tags} == {("mlflow.data.context", "train")}
+    # the DDP run trained on the same data: the same digest
+    (other,) = client.get_run(runs["ddp"].info.run_id).inputs.dataset_inputs
+    assert other.dataset.digest == inp.dataset.digest
+    assert [k for k in run.data.metrics if k.startswith("system/cpu")]
+
+
+def test_final_model_is_logged_with_a_signature_and_loads(tracked):
+    import mlflow
+    import mlflow.pytorch
+    import torch
+
+    d, uri, client, runs, _ = tracked
+    exp = client.get_experiment_by_name("abtrain").experiment_id
+    models = client.search_logged_models([exp])
+    assert [m.source_run_id for m in models] == [runs["ab"].info.run_id]  # not ddp's
+    (model,) = models
+    assert model.artifact_location.startswith((d / "mlartifacts").as_uri())
+    mlflow.set_tracking_uri(uri)
+    uri_ = f"models:/{model.model_id}"
+    sig = mlflow.models.get_model_info(uri_).signature
+    assert list(sig.inputs.to_dict()[0]["tensor-spec"]["shape"]) == [-1, 64]
+    assert list(sig.outputs.to_dict()[0]["tensor-spec"]["shape"]) == [-1, 10]
+    net = mlflow.pytorch.load_model(uri_)
+    # the merged full-rank model: plain layers, the weights of model.pt
+    assert not any(type(m).__name__ == "LowRankLayer" for m in net.modules())
+    saved = torch.load(d / "ab" / "model.pt", weights_only=True)
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+
+
+def test_plain_log_lines_tell_speed_and_time_left(tracked):
+    *_, stdout = tracked
+    lines = [ln for ln in stdout.splitlines() if re.match(r"\[abtrain\] step +\d+ ", ln)]
+    assert lines and all(re.search(r"\d+\.\d{3} s/step, ETA \d+:\d\d:\d\d$", ln) for ln in lines)
+    assert lines[-1].endswith("ETA 0:00:00")
 
 
 def free_port():
@@ -108,11 +280,26 @@ def test_unreachable_store_stops_the_run_unless_not_required(tmp_path):
     assert summary(tmp_path / "b")["steps"] == 12
 
 
-def test_mlflow_ui_shows_the_run_in_headless_chromium(tracked):
+def visible_text(dom: str) -> str:
+    dom = re.sub(r"<(style|script)\b.*?</\1>", " ", dom, flags=re.S)
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", dom)))
+
+
+def compare_rows(text: str, runs: int) -> dict[str, list[str]]:
+    """The compare view's metric table: its name column comes first in the DOM, then the
+    values row by row, one per run (the rows it has rendered)."""
+    table = text.split("Metrics Show diff only", 1)[1].split("Artifacts", 1)[0].split()
+    names = [t for t in table if re.fullmatch(r"[A-Za-z_][\w/.-]*", t) and t != "NaN"]
+    values = table[len(names) :]
+    return {n: values[i * runs : (i + 1) * runs] for i, n in enumerate(names)}
+
+
+def test_mlflow_ui_lists_the_runs_and_compares_ddp_with_ab_in_headless_chromium(tracked):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    d, uri, _, run = tracked
+    d, uri, _, runs, _ = tracked
+    exp = runs["ab"].info.experiment_id
     port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     server = subprocess.Popen(
@@ -135,18 +322,8 @@ def test_mlflow_ui_shows_the_run_in_headless_chromium(tracked):
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "mlflow ui did not start"
-                time.sleep(1)
-        shot = d / "mlflow-ui.png"
-        page = f"{url}/#/experiments/{run.info.experiment_id}/runs"
+
+    def chrome(page: str, *args: str, height: int = 900) -> str:
         flags = [
             "--headless",
             "--no-sandbox",
@@ -159,22 +336,64 @@ def test_mlflow_ui_shows_the_run_in_headless_chromium(tracked):
             "--virtual-time-budget=30000",
             "--run-all-compositor-stages-before-draw",
             f"--user-data-dir={tempfile.mkdtemp()}",
-            "--window-size=1400,900",
+            f"--window-size=1400,{height}",
         ]
-        dom = subprocess.run(
-            [chromium, *flags, "--dump-dom", page], capture_output=True, text=True, timeout=120
-        ).stdout
-        assert run.info.run_name in dom  # the run is listed by name
-        subprocess.run(
-            [chromium, *flags, f"--screenshot={shot}", page], capture_output=True, timeout=120
+        done = subprocess.run(
+            [chromium, *flags, *args, page], capture_output=True, text=True, timeout=120
         )
+        return done.stdout
+
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "mlflow ui did not start"
+                time.sleep(1)
+        # MLflow 3.17 picks an experiment's landing page from the workflow type (this URL
+        # parameter, else the browser's last choice, else GenAI), not from the experiment's
+        # tag: the README's link carries it
+        text = visible_text(
+            chrome(f"{url}/#/experiments/{exp}?workflowType=machine_learning", "--dump-dom")
+        )
+        assert "Runs - Experiment" in text
+        for run in runs.values():
+            assert run.info.run_name in text  # the runs table lists both by name
+        assert "python -m abtrain train" in text  # the source column
+
+        ids = [runs["ddp"].info.run_id, runs["ab"].info.run_id]
+        query = urllib.parse.urlencode(
+            {"runs": json.dumps(ids), "experiments": json.dumps([exp])},
+            quote_via=urllib.parse.quote,
+        )
+        page = f"{url}/#/compare-runs?{query}"
+        text = visible_text(chrome(page, "--dump-dom"))
+        assert "Comparing 2 Runs" in text
+        rows = compare_rows(text, 2)
+        for key, figure in (
+            (
+                "final/inter_node_mb_per_step",
+                lambda s: s["traffic"]["inter_node_bytes_per_step"] / 1e6,
+            ),
+            ("final/val_top1_best", lambda s: s["val_top1"]["best"]),
+        ):
+            want = [figure(summary(d / m)) for m in ("ddp", "ab")]
+            assert want[0] != want[1]
+            shown = [float(v) for v in rows[key]]  # rounded for display
+            assert shown == [pytest.approx(w, abs=max(5e-4, 1e-3 * abs(w))) for w in want], key
+
+        shot = d / "mlflow-compare.png"
+        chrome(page, f"--screenshot={shot}", height=2100)
         from PIL import Image
 
         img = Image.open(shot).convert("L")
-        assert img.size == (1400, 900)
+        assert img.size == (1400, 2100)
         lo, hi = img.getextrema()
         assert hi - lo > 100  # a rendered page, not a blank one
-        shutil.copy(shot, Path(tempfile.gettempdir()) / "abtrain-mlflow-ui.png")
+        shutil.copy(shot, Path(tempfile.gettempdir()) / "abtrain-mlflow-compare.png")
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)

@@ -222,3 +222,86 @@ def test_planner_predicts_the_ledger_without_training(runs, method):
         assert predicted.inter_bytes == pytest.approx(measured, rel=1e-9)
     else:  # ranks that training cut are an assumption of the planner
         assert predicted.inter_bytes >= measured * 0.95
+
+
+# ---------------------------------------------------------------- AB with PowerSGD
+COMBINED = ("method=ab_powersgd", "ab.sync_mode=only_learned")
+
+
+@pytest.fixture(scope="module")
+def combined(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ab_powersgd")
+    proc = launch(d, *COMBINED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return d
+
+
+def test_ab_powersgd_compresses_the_full_rank_steps_and_syncs_only_what_was_trained(combined):
+    """Counted independently of the planner: PowerSGD's payload in every full-rank step
+    after its first start_iter ones, nothing across nodes in AB phases, and syncs that send
+    each trained factor once across the node boundary (A from rank 0, B from rank 2)."""
+    s = summary(combined)
+    cfg = tiny_config(*COMBINED)
+    model = models.build(cfg, cfg.data.classes, cfg.data.features)
+    full = 4 * sum(p.numel() for p in model.parameters())
+    inter = 2 * 3 * 8 / 4 + broadcast_inter(8) + broadcast_inter(full)
+    inter += len(s["evals"]) * allreduce_inter(4 * 8)
+    every = cfg.checkpoint_every
+    inter += (len(range(every, cfg.steps, every)) + 1) * allreduce_inter(8)
+    inter += allreduce_inter((cfg.steps + 1) * ledger.STEP_TABLE_BYTES)
+    full_rank = [t for t in range(cfg.steps) if not schedule.phase_at(t, cfg).low_rank]
+    start = cfg.powersgd.start_iter
+    inter += start * allreduce_inter(full)
+    inter += (len(full_rank) - start) * allreduce_inter(powersgd_payload(cfg, model))
+    layers = lowrank.convert(model, None)
+    shared = full - 4 * sum(layer.weight.numel() for layer in layers.values())
+    for f in s["factorizations"]:
+        inter += allreduce_inter(8 * len(layers))
+        a = sum(4 * k * layers[n].weight.shape[0] for n, k in f["ranks"].items())
+        b = sum(4 * k * layers[n].weight.shape[1] for n, k in f["ranks"].items())
+        # learners' all-reduces stay inside their node; each factor crosses once
+        inter += broadcast_inter(a) + broadcast_inter(b) + allreduce_inter(3 * shared)
+    t = s["traffic"]
+    assert t["inter_node_bytes"] == pytest.approx(inter, rel=1e-9)
+    assert t["by_phase"]["ab"]["inter"] == 0
+    from abtrain import planner
+
+    keeps = {k / 64 for f in s["factorizations"] for k in f["ranks"].values()}
+    predicted = planner.plan(cfg, nodes=2, ranks_per_node=2, classes=10, keep=max(keeps))
+    if keeps == {1.0}:
+        assert predicted.inter_bytes == pytest.approx(t["inter_node_bytes"], rel=1e-9)
+    else:
+        assert predicted.inter_bytes >= t["inter_node_bytes"] * 0.95
+
+
+def test_ab_powersgd_sends_less_than_ab_and_powersgd_and_ends_merged(runs, combined):
+    mine = summary(combined)["traffic"]["inter_node_bytes"]
+    assert mine < summary(runs["ab"])["traffic"]["inter_node_bytes"] / 2
+    assert mine < summary(runs["powersgd"])["traffic"]["inter_node_bytes"]
+    w0 = final_weights(combined, 0)
+    for rank in (1, 2, 3):
+        for k, v in final_weights(combined, rank).items():
+            assert torch.equal(v, w0[k]), k
+
+
+def test_ab_powersgd_drops_error_feedback_at_a_sync_and_keeps_its_warm_start(tmp_path):
+    import torch.distributed as dist
+
+    from abtrain import methods
+    from abtrain.ledger import Ledger
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        cfg, led, m = tiny_config(*COMBINED), Ledger(0, [0]), methods.make("ab_powersgd")
+        state, _ = m.comm_hook(cfg, led, None)  # the warm-up
+        state.error_dict[0] = torch.ones(3)
+        state.q_memory_dict[0] = torch.ones(2)
+        group = dist.new_group([0])
+        assert m.comm_hook(cfg, led, group)[0] is None  # an AB phase: plain, in the group
+        again, _ = m.comm_hook(cfg, led, None)  # the rebound after the sync
+        assert again is state and not state.error_dict and 0 in state.q_memory_dict
+        assert not m.rewrap_at_checkpoint
+    finally:
+        dist.destroy_process_group()

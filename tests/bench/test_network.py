@@ -49,3 +49,41 @@ def test_two_nodes_at_a_low_rate_finish_and_counters_agree_with_the_ledger(tmp_p
         assert 0 <= tx / ledger - 1 < 0.15, (tx, ledger)
     assert cluster.leftover_namespaces() == []
     assert not subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout
+
+
+def test_each_run_is_announced_as_it_starts_and_finishes(tmp_path, monkeypatch, capsys):
+    """The benchmark takes minutes per run: each one says which of how many, and the ETA."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(network, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(network, "plot", lambda: None)
+    monkeypatch.setattr(network, "summarise", lambda config: None)
+    clock = iter(range(0, 10_000, 60))  # every look at the clock: a minute later
+    monkeypatch.setattr(network.time, "monotonic", lambda: float(next(clock)))
+
+    def fake_run(method, rate, a, work):
+        evals = [{"step": 1, "seconds": 1.0, "val_top1": 30.0}]
+        return dict(
+            method=method,
+            wall_seconds=60.0,
+            val_top1={"best": 30.0, "final": 30.0},
+            evals=evals,
+            rate=rate,
+            ledger_inter_node_bytes_by_node={0: 1},
+            interface_bytes_by_node=[{"tx": 1}],
+            step_seconds={},
+            compression_ratio=1.0,
+        )
+
+    monkeypatch.setattr(network, "run_one", fake_run)
+    network.main(["--rates", "200mbit,none", "--methods", "ddp,ab", "--nodes", "1"])
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[bench.network]")]
+    assert lines[:4] == [
+        "[bench.network] run 1 of 4 started: ddp at 200mbit; elapsed 1m00s, ETA ?",
+        "[bench.network] run 1 of 4 finished: ddp at 200mbit in 60 s, best top-1 30.00%; "
+        "elapsed 2m00s, ETA 6m00s",
+        "[bench.network] run 2 of 4 started: ab at 200mbit; elapsed 3m00s, ETA 9m00s",
+        "[bench.network] run 2 of 4 finished: ab at 200mbit in 60 s, best top-1 30.00%; "
+        "elapsed 4m00s, ETA 4m00s",
+    ]
+    assert lines[-1].startswith("[bench.network] run 4 of 4 finished: ab at unshaped")
+    assert lines[-1].endswith("ETA 0 s")

@@ -159,7 +159,7 @@ def test_repro_ran_ddp_and_ab_of_every_model_on_two_slurm_nodes(run):
     assert sorted(jobs) == sorted([*miniature.RUNS, "search", "search"])  # propulate, optuna
     seen = set()
     for name in miniature.RUNS:
-        s = json.loads((repo / "metrics" / f"{name}.json").read_text())
+        s = json.loads((repo / "results" / f"{name}.json").read_text())
         cfg = json.loads((repo / "runs" / "train" / name / "config.json").read_text())
         assert s["steps"] == cfg["steps"] == record["runs"][name]["steps"] >= 2
         assert s["world_size"] == 2 and s["nodes"] == 2, name

@@ -30,6 +30,9 @@ TINY_VIT = {
 }
 
 
+RUN_NAMES = {"ddp-2x1", "ab-2x1", "ab-2x1-global"}
+
+
 def copy_repo(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
@@ -113,25 +116,46 @@ def mini(tmp_path_factory):
 
 
 def test_repro_runs_every_stage_to_a_report_with_measured_numbers(mini):
-    repo, _ = mini
+    repo, first = mini
     for name in ("ddp-2x1", "ab-2x1", "ab-2x1-global"):
-        s = json.loads((repo / "metrics" / f"{name}.json").read_text())
+        s = json.loads((repo / "results" / f"{name}.json").read_text())
         assert s["steps"] > 0 and s["traffic"]["inter_node_bytes"] > 0
+        assert s["run"]["name"] == name and s["run"]["model"] == "vit"
         assert (repo / "runs" / "train" / name / "train_log.csv").exists()
+        # `dvc metrics show`: a few scalars per run, not the summary
+        scalars = json.loads((repo / "metrics" / f"{name}.json").read_text())
+        assert set(scalars) == {
+            "top1_best",
+            "top1_final",
+            "inter_node_mb_per_step",
+            "compression",
+            "wall_minutes",
+        }
+        assert scalars["inter_node_mb_per_step"] == pytest.approx(
+            s["traffic"]["inter_node_bytes"] / s["steps"] / 1e6, rel=1e-3
+        )
+        curve = json.loads((repo / "plots" / f"{name}.json").read_text())
+        assert [r["step"] for r in curve] == [e["step"] for e in s["evals"]]
+        assert curve[-1]["run"] == name and curve[-1]["samples"] > 0
+        assert curve[-1]["inter_node_mb"] >= curve[0]["inter_node_mb"] > 0
     best = json.loads((repo / "runs/search/propulate/best.json").read_text())
     assert best["evaluations"] == 2
     cfg = json.loads((repo / "runs/train/ab-2x1/config.json").read_text())
     assert cfg["optim"]["lr"] == pytest.approx(best["params"]["optim.lr"])  # use_best
+    assert "optim.lr=" in first.stdout and "<- search best (propulate)" in first.stdout
     report = (repo / "reports" / "README.md").read_text()
-    ab = next(line for line in report.splitlines() if line.startswith("| ab-2x1 | ab |"))
+    traffic = report[report.index("## Traffic") :]
+    ab = next(line for line in traffic.splitlines() if line.startswith("| ab-2x1 | ab |"))
     assert "—" not in ab.split("|")[6]  # a measured MB/step, not a gap
     for png in (
         "traffic_vs_scale.png",
-        "accuracy_loss_compression_vs_batch.png",
-        "learning_curves.png",
+        "accuracy_compression_vs_ranks.png",
+        "val_top1_vs_step.png",
+        "val_top1_vs_inter_node_mb.png",
         "search_comparison.png",
     ):
-        assert (repo / "reports" / png).stat().st_size > 1000
+        assert (repo / "reports" / "figures" / png).stat().st_size > 1000
+        assert f"(figures/{png})" in report  # shown on the page, with its caption
     rows = list((repo / "reports" / "table1_traffic.csv").read_text().splitlines())
     assert len(rows) == 4  # header + 3 runs
     from mlflow.tracking import MlflowClient
@@ -141,6 +165,11 @@ def test_repro_runs_every_stage_to_a_report_with_measured_numbers(mini):
     names = {r.info.run_name for r in runs}
     assert {"search-propulate", "search-optuna"} <= names
     assert sum(1 for r in runs if r.data.tags.get("dataset") == "imagefolder") == 3  # trainings
+    trained = {r.info.run_name: r.data.tags for r in runs if r.info.run_name in RUN_NAMES}
+    assert set(trained) == RUN_NAMES
+    assert (
+        trained["ab-2x1-global"]["scale"] == "2x1" and trained["ab-2x1-global"]["batch"] == "global"
+    )
 
 
 def test_second_repro_does_nothing(mini):
@@ -151,13 +180,67 @@ def test_second_repro_does_nothing(mini):
     assert "up to date" in (again.stdout + again.stderr).lower()
 
 
+def changed_by(repo: Path, edit) -> set[str]:
+    """The stages `dvc status` finds changed once `edit` changed the params; then undone."""
+    text = (repo / "params.yaml").read_text()
+    params = yaml.safe_load(text)
+    edit(params)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        status = dvc(repo, "status", "--json")
+        assert status.returncode == 0, status.stderr
+        return set(json.loads(status.stdout))
+    finally:
+        (repo / "params.yaml").write_text(text)
+
+
+def test_settings_that_change_no_output_rerun_no_stage(mini):
+    repo, _ = mini
+
+    def watching(p):  # MLflow's view of the runs, and how long a peer may take
+        t = p["train"]
+        t["tracking"].update(log_every=3, experiment="other", required=False, uri="sqlite:///x.db")
+        t["tracking"].update(run_name="mine", tags={"team": "x"}, enabled=False)
+        t["dist"]["timeout_s"] = 77
+
+    assert changed_by(repo, watching) == set()
+
+    def where(p):  # where the runs execute: the same config trains the same numbers
+        p["experiments"]["launcher"] = "slurm"
+        p["experiments"]["slurm"].update(partition="gpu", account="me", time="01:00:00")
+
+    # (the report stage's params are its own concern)
+    assert changed_by(repo, where) - {"report"} == set()
+
+
+def test_each_stage_reruns_for_the_keys_it_reads(mini):
+    repo, _ = mini
+
+    def one_run(p):
+        p["experiments"]["runs"]["ab-2x1"]["batch"] = "global"
+
+    assert changed_by(repo, one_run) == {"prepare", "train@ab-2x1", "report"}
+
+    def experiment_value(p):
+        p["experiments"]["set"] = ["optim.lr=0.001"]
+
+    changed = changed_by(repo, experiment_value)
+    assert {f"train@{n}" for n in RUN_NAMES} <= changed
+    assert not {"search@propulate", "search@optuna"} & changed  # the searches don't see it
+
+    def search_input(p):
+        p["train"]["optim"]["label_smoothing"] = 0.05
+
+    assert {"search@propulate", "search@optuna", "train@ab-2x1"} <= changed_by(repo, search_input)
+
+
 def test_changing_the_search_space_reruns_the_search_and_what_follows(mini):
     repo, _ = mini
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["search"]["space"]["ab.sigma_cutoff"]["high"] = 0.3
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    status = dvc(repo, "status", "--json")
-    changed = set(json.loads(status.stdout))
+
+    def space(p):
+        p["search"]["space"]["ab.sigma_cutoff"]["high"] = 0.3
+
+    changed = changed_by(repo, space)
     assert {"search@propulate", "search@optuna", "train@ab-2x1"} <= changed
     assert "prepare" not in changed
     dag = dvc(repo, "dag", "--dot").stdout  # and the report follows them
@@ -171,7 +254,7 @@ def test_changing_the_search_space_reruns_the_search_and_what_follows(mini):
 
 def test_missing_runs_leave_a_gap_not_a_crash(mini, tmp_path):
     repo, _ = mini
-    (repo / "metrics" / "ab-2x1-global.json").rename(tmp_path / "kept.json")
+    (repo / "results" / "ab-2x1-global.json").rename(tmp_path / "kept.json")
     try:
         env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
         proc = subprocess.run(
@@ -189,16 +272,17 @@ def test_missing_runs_leave_a_gap_not_a_crash(mini, tmp_path):
             and "missing from this report: ab-2x1-global" in report
         )
     finally:
-        (tmp_path / "kept.json").rename(repo / "metrics" / "ab-2x1-global.json")
+        (tmp_path / "kept.json").rename(repo / "results" / "ab-2x1-global.json")
 
 
-def test_offline_dvc_plots_bundle_their_scripts(mini):
+def test_offline_dvc_plots_hold_every_run_without_a_network(mini):
     repo, _ = mini
-    page = repo / "reports" / "plots" / "index.html"
-    if not page.exists():
-        pytest.skip("npm could not fetch vega here; the report says so")
-    html = page.read_text()
-    assert "cdn.jsdelivr" not in html and "vegaEmbed" in html and len(html) > 500_000
+    for chart in ("val_top1_vs_step", "val_top1_vs_inter_node_mb"):
+        html = (repo / "reports" / "plots" / f"{chart}.html").read_text()
+        assert "cdn.jsdelivr" not in html and 'src="http' not in html  # scripts inline
+        svg = (repo / "reports" / "figures" / f"{chart}.svg").read_text()
+        for name in RUN_NAMES:
+            assert name in svg and name in html, (chart, name)
 
 
 def test_the_paper_profile_validates_and_every_stage_resolves(tmp_path, monkeypatch):
@@ -238,3 +322,31 @@ def test_the_paper_profile_validates_and_every_stage_resolves(tmp_path, monkeypa
     listed = dvc(repo, "stage", "list")
     assert listed.returncode == 0, listed.stderr
     assert "train@vgg-ab-2n" in listed.stdout and "train@r50-abng-32n-global" in listed.stdout
+
+
+def test_compare_measures_each_run_against_its_own_ddp(mini, capsys):
+    from abtrain.__main__ import main
+
+    repo, _ = mini
+    folders = sorted((repo / "runs" / "train").iterdir())
+    assert main(["compare", *map(str, folders)]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert set(rows) == RUN_NAMES
+    assert rows["ddp-2x1"][-1] == "1.000"
+    for name in ("ab-2x1", "ab-2x1-global"):  # 4 per rank, 2 ranks: ddp-2x1's scale
+        ratio = float(rows[name][-2]) / float(rows["ddp-2x1"][-2])
+        assert float(rows[name][-1]) == pytest.approx(ratio, abs=2e-3)
+
+
+def test_an_experiments_value_is_the_one_trained(mini):
+    """`dvc exp run -S` as the README says, for one run (the order of the sources, a search
+    that reruns included, is tests/pipeline/test_overrides.py's)."""
+    repo, _ = mini
+    lr = 0.00123
+    run = dvc(repo, "exp", "run", "-S", f'experiments.set=["optim.lr={lr}"]', "train@ab-2x1")
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "Running stage 'search@" not in run.stdout  # the searches don't read it
+    assert "Running stage 'train@ab-2x1'" in run.stdout
+    assert f"optim.lr={lr}  <- experiments.set; replaces" in run.stdout
+    cfg = json.loads((repo / "runs" / "train" / "ab-2x1" / "config.json").read_text())
+    assert cfg["optim"]["lr"] == lr

@@ -38,3 +38,20 @@ def test_table1_sets_the_rate_ratio_beside_the_byte_ratio_and_splits_it():
     assert ab["part_full_rank_steps"] == pytest.approx(360 / 1010)
     assert ab["ratio_to_ddp"] * ab["time_factor"] == pytest.approx(ab["rate_ratio_to_ddp"])
     assert rows["ddp"]["rate_ratio_to_ddp"] == pytest.approx(1.0)
+
+
+def test_the_paper_scale_table_sets_predicted_gb_per_s_beside_table_1(monkeypatch):
+    """From the committed bench/results/planner.json: one row per AB run of the paper
+    profile, its GB/s ratio beside the paper's; parts and ratios read as they should."""
+    from tests.conftest import ROOT
+
+    monkeypatch.setattr(report, "PLANNER", ROOT / "bench/results/planner.json")
+    md = report.paper_scale_rates()
+    rows = [line.split(" | ") for line in md if line.startswith("| ViT-B/16 |")]
+    rows += [line.split(" | ") for line in md if line.startswith("| ResNet-50 |")]
+    assert len(rows) == 18  # 2 models × (5 local + 4 global)
+    for r in rows:
+        rate, byte_ratio, full_rank = float(r[6]), float(r[7]), float(r[8])
+        assert byte_ratio < rate < 1.0  # AB's own steps don't wait for the network
+        assert full_rank <= byte_ratio
+    assert "Nothing is fitted" in " ".join(md)

@@ -189,6 +189,46 @@ def test_dvc_repro_runs_the_training_stages_through_slurm(in_cluster, tmp_path):
     jobs = re.findall(r"SLURM job \d+ \((\S+)\) completed", proc.stdout)
     assert sorted(jobs) == ["ab-2x1", "ddp-2x1", "search"]
     for name in ("ddp-2x1", "ab-2x1"):
-        s = json.loads((repo / "metrics" / f"{name}.json").read_text())
+        s = json.loads((repo / "results" / f"{name}.json").read_text())
         assert s["nodes"] == 2 and s["traffic"]["inter_node_bytes"] > 0
         assert list((repo / "runs" / "train" / name).glob("slurm-*.log"))
+
+
+def test_sigusr1_before_the_limit_reaches_the_ranks_through_torchrun(in_cluster, tmp_path):
+    """The batch script asks SLURM for SIGUSR1 `stop_before_s` before the time limit; sent
+    to the job's steps (as SLURM does then), it must reach the trainer ranks without killing
+    torchrun: the run checkpoints, stops and asks for a requeue."""
+    out = tmp_path / "signalled"
+    cfg = {**SLURM, "stop_before_s": 75, "max_restarts": 1}
+    args = train_args(out, "method=ddp", "steps=100000", "checkpoint_every=10", "eval_every=1000")
+    text = slurm.train_script(cfg, 2, 1, args, out, "signalled")
+    assert "#SBATCH --signal=USR1@75\n" in text  # matched to stop_before_s, steps not batch
+    assert "--max-restarts=1" in text and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in text
+    assert 'trap "" USR1; exec python -m torch.distributed.run' in text
+    text = text.replace('scontrol requeue "$SLURM_JOB_ID"', "echo REQUEUED")  # one round only
+    out.mkdir(parents=True)
+    (out / "job.sbatch").write_text(text)
+    job = subprocess.run(
+        ["sbatch", "--parsable", str(out / "job.sbatch")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / "checkpoints" / "LATEST").exists():
+            assert time.monotonic() < deadline, "no checkpoint before the signal"
+            time.sleep(0.5)
+        subprocess.run(["scancel", "--signal=USR1", job], check=True)
+        deadline = time.monotonic() + 120
+        while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout:
+            assert time.monotonic() < deadline, "the signalled job did not stop"
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["scancel", job])
+    log = "".join(p.read_text() for p in out.glob("slurm-*.log"))
+    stopped = re.search(r"stopped at the checkpoint of step (\d+) to be requeued", log)
+    assert stopped and "REQUEUED" in log, log[-3000:]
+    assert (out / "checkpoints" / "LATEST").read_text().strip() == stopped.group(1)
+    assert (out / "REQUEUE").read_text().strip() == stopped.group(1)
+    # "REQUEUED" also says srun returned 0 under `set -e`: torchrun survived the signal

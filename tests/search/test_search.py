@@ -87,6 +87,28 @@ def kill_after(cmd, out: Path, rows: int, timeout=240, also: Path | None = None)
         proc.wait()
 
 
+DONE_LINE = re.compile(
+    r"\[search w([01])\] evaluation (\d+) of (\d+) \((\S+)\): (ok|pruned|crashed|diverged), "
+    r"error [\d.]+% \((best [\d.]+%|no finished run yet)\) after \d validation\(s\) in .+; "
+    r"elapsed .+, ETA (\d+ s|\d+m\d\ds|\d+h\d\dm|\?)$"
+)
+
+
+def assert_progress_lines(stdout: str, total: int) -> None:
+    """mpirun merges 4 ranks' output: every line arrives whole and names its worker (and
+    rank); each finished evaluation says which of how many, the best so far and the ETA."""
+    lines = stdout.splitlines()
+    assert lines and all(re.match(r"\[search w[01]( r\d)?\] ", x) for x in lines), lines
+    done = [DONE_LINE.match(x) for x in lines if " evaluation " in x]
+    assert done and all(done), lines
+    assert {m.group(1) for m in done} == {"0", "1"}  # both workers reported
+    assert {int(m.group(3)) for m in done} == {total}  # 2 workers divide Propulate's budget
+    assert max(int(m.group(2)) for m in done) >= total
+    assert any(
+        re.match(rf"\[search w\d\] \S+ started \(\d+ of {total} evaluations", x) for x in lines
+    )
+
+
 @pytest.mark.parametrize("backend", ["propulate", "optuna"])
 def test_search_is_killed_resumed_and_leaves_best_config_and_mlflow_runs(tmp_path, backend):
     out, db = tmp_path / "search", tmp_path / "mlflow.db"
@@ -110,6 +132,7 @@ def test_search_is_killed_resumed_and_leaves_best_config_and_mlflow_runs(tmp_pat
 
     resumed = run(cmd + ["--resume"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_progress_lines(resumed.stdout, budget)
     rows = record.evaluations(out)
     assert len(rows) >= budget and len(rows) <= budget + 2  # budget, plus at most a re-run
     assert all(r["status"] in record.STATUSES for r in rows)

@@ -1,0 +1,443 @@
+"""Time to accuracy over link rates, measured on the emulated cluster and predicted by the
+planner's time model: which method pays off at which rate, and where one overtakes another.
+
+    python -m bench.rates    # from the committed bench/results/network-*.json (no training):
+                             # writes bench/results/network-rates.json and network-rates.png
+
+`python -m bench.network` calls it after its runs.
+
+Target accuracy, per cluster shape (nodes x ranks per node): each run's top-1 is smoothed
+over 2 consecutive evaluations (their mean, placed at their mid step and mid time, so that
+runs evaluated at different intervals are not delayed by different amounts); the target is
+the lowest of the runs' best smoothed top-1, so that every method reaches it. Time (and
+step) to target: where the smoothed curve first reaches the target, interpolated linearly
+between the two smoothed points around it.
+
+Prediction, for each method, rate and shape: the unshaped run's training seconds at the
+target step (interpolated over its evaluations: its evaluations, syncs and phase changes
+included) plus the time the link adds to the steps and syncs before that step (the planner's
+plan of the run cut at that step, `timing` over the link minus `timing` with no network
+cost). The target step comes from the shape's unshaped run, or from the run itself where the
+shape has none (training is deterministic in the link: the same steps reach the same
+accuracy at every rate). Compute per phase: the unshaped run of the same shape, else that of
+another shape with the same world size (the same ranks share this machine's cores).
+Crossovers: where two methods' predicted times to target are equal, found by bisection on
+the model between 20 Mbit/s and 10 Gbit/s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from abtrain import config as abconfig
+from abtrain.__main__ import phase_compute
+from abtrain.checkpoint import atomic_write_text
+from abtrain.planner import plan, timing
+from bench.planner import measured_mean, rate_bytes_per_s
+
+RESULTS = Path("bench/results")
+BASE_SHAPE = (2, 2)  # its per-rate files keep the plain name network-<rate>.json
+SUMMARY = "network-rates"
+CLASSES = 10  # CIFAR-10, for results files written before they recorded it
+GRID = (20e6 / 8, 10e9 / 8)  # bytes/s: the rates the model's curves and crossovers span
+SMOOTH = 2  # evaluations averaged
+RULES = dict(
+    target="per shape: the lowest, over its runs, of each run's best top-1 smoothed over 2 "
+    "consecutive evaluations (their mean at their mid step and mid time)",
+    time_to_target="first reach of the target by the smoothed curve, interpolated linearly "
+    "between the smoothed points around it",
+    prediction="the unshaped run's training seconds at the target step plus the time the "
+    "planner's time model adds over the link to the steps and syncs before it",
+    crossovers="from the time model (bisection between 20 Mbit/s and 10 Gbit/s), not from "
+    "the measured points",
+)
+
+
+def result_name(nodes: int, ranks_per_node: int, rate: str | None) -> str:
+    """network-<rate> for 2 nodes x 2 ranks; the nodes (and ranks, when not 1) otherwise:
+    network-4n-200mbit, network-4n2r-200mbit."""
+    rate = rate or "unshaped"
+    if (nodes, ranks_per_node) == BASE_SHAPE:
+        return f"network-{rate}"
+    ranks = f"{ranks_per_node}r" if ranks_per_node != 1 else ""
+    return f"network-{nodes}n{ranks}-{rate}"
+
+
+def load(results: Path = RESULTS) -> list[dict[str, Any]]:
+    """Every per-rate results file bench.network wrote (not the summary)."""
+    out = []
+    for f in sorted(results.glob("network-*.json")):
+        d = json.loads(f.read_text())
+        if isinstance(d, dict) and isinstance(d.get("results"), list):
+            out.append(d)
+    return out
+
+
+def smoothed(evals: list[dict[str, Any]], n: int = SMOOTH) -> list[tuple[float, float, float]]:
+    """(step, seconds, top-1) of the means of `n` consecutive evaluations, each at its
+    window's mean step and time; a run with fewer evaluations keeps them as they are."""
+    pts = [(float(e["step"]), float(e["seconds"]), float(e["val_top1"])) for e in evals]
+    if len(pts) < n:
+        return pts
+    return [
+        tuple(sum(p[i] for p in pts[k : k + n]) / n for i in range(3))  # type: ignore[misc]
+        for k in range(len(pts) - n + 1)
+    ]
+
+
+def best(evals: list[dict[str, Any]]) -> float:
+    return max(p[2] for p in smoothed(evals))
+
+
+def reach(evals: list[dict[str, Any]], target: float) -> dict[str, float] | None:
+    """Step and seconds at which the smoothed curve first reaches `target`, interpolated."""
+    pts = smoothed(evals)
+    for k, (step, seconds, top1) in enumerate(pts):
+        if top1 >= target:
+            if k == 0:
+                return dict(step=step, seconds=seconds)
+            s0, t0, a0 = pts[k - 1]
+            f = (target - a0) / (top1 - a0)
+            return dict(step=s0 + f * (step - s0), seconds=t0 + f * (seconds - t0))
+    return None
+
+
+def elapsed_at(evals: list[dict[str, Any]], step: float) -> float:
+    """A run's training seconds at `step`, interpolated over its evaluations (from 0 at
+    step 0); past the last one, at the last segment's pace."""
+    pts = [(0.0, 0.0), *((float(e["step"]), float(e["seconds"])) for e in evals)]
+    for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
+        if step <= s1 and s1 > s0:
+            return t0 + (step - s0) / (s1 - s0) * (t1 - t0)
+    (s0, t0), (s1, t1) = pts[-2], pts[-1]
+    return t1 + (step - s1) * (t1 - t0) / (s1 - s0)
+
+
+def _cfg(params: dict, bench: dict, method: str, extra: list[str] = ()) -> abconfig.Config:
+    sets = [
+        f"method={method}",
+        *bench.get("overrides", []),
+        *bench.get("method_overrides", {}).get(method, []),
+        *extra,
+    ]
+    return abconfig.from_dict(params["train"], sets)
+
+
+class Model:
+    """One method's predicted time to target at one shape, for any link."""
+
+    def __init__(
+        self, params: dict, bench: dict, free: dict, method: str, target_step: float
+    ) -> None:
+        nodes, ranks = bench["nodes"], bench["ranks_per_node"]
+        classes = bench.get("classes", CLASSES)
+        cfg = _cfg(params, bench, method)
+        self.ranks = ranks
+        self.full = plan(cfg, nodes, ranks, classes)
+        self.compute = phase_compute(self.full, free["step_seconds"])
+        self.start = elapsed_at(free["evals"], target_step)
+        try:  # the run cut at the target step: its phases and syncs up to there
+            cut = _cfg(params, bench, method, [f"steps={max(1, round(target_step))}"])
+            self.cut, self.scale = plan(cut, nodes, ranks, classes), 1.0
+        except (abconfig.ConfigError, ValueError):  # too early for the schedule: scale the run
+            self.cut, self.scale = self.full, target_step / self.full.total_steps
+        self.free = timing(self.cut, ranks, self.compute, None).seconds
+
+    def step_seconds(self, link: float | None) -> float:
+        return timing(self.full, self.ranks, self.compute, link).mean_step_seconds
+
+    def time_to_target(self, link: float | None) -> float:
+        added = timing(self.cut, self.ranks, self.compute, link).seconds - self.free
+        return self.start + self.scale * added
+
+
+def _crossings(models: dict[str, Model]) -> list[dict[str, Any]]:
+    grid = [GRID[0] * (GRID[1] / GRID[0]) ** (i / 200) for i in range(201)]
+    out = []
+    names = sorted(models)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+
+            def gap(x: float, a: str = a, b: str = b) -> float:
+                return models[a].time_to_target(x) - models[b].time_to_target(x)
+
+            for lo, hi in zip(grid, grid[1:]):
+                if gap(lo) * gap(hi) >= 0:
+                    continue
+                for _ in range(40):
+                    mid = math.sqrt(lo * hi)
+                    lo, hi = (mid, hi) if gap(lo) * gap(mid) > 0 else (lo, mid)
+                link = math.sqrt(lo * hi)
+                slow_link_winner = a if gap(lo * 0.999) < 0 else b
+                out.append(
+                    dict(
+                        methods=[a, b],
+                        mbit_per_s=link * 8 / 1e6,
+                        link_bytes_per_s=link,
+                        seconds_to_target=models[a].time_to_target(link),
+                        faster_below=slow_link_winner,
+                        faster_above=b if slow_link_winner == a else a,
+                    )
+                )
+    return sorted(out, key=lambda c: c["link_bytes_per_s"])
+
+
+def analyse(params: dict, files: list[dict[str, Any]]) -> dict[str, Any]:
+    """Measured and predicted time to target of every method at every rate and shape."""
+    shapes: dict[tuple[int, int], list[dict]] = {}
+    for d in files:
+        shapes.setdefault((d["nodes"], d["ranks_per_node"]), []).append(d)
+    unshaped = {k: next((d for d in v if d["rate"] == "unshaped"), None) for k, v in shapes.items()}
+    out_shapes, check = [], []
+    for (nodes, ranks), benches in sorted(shapes.items()):
+        world = nodes * ranks
+        free_bench = unshaped[(nodes, ranks)] or next(
+            (u for (n, r), u in unshaped.items() if u and n * r == world), None
+        )
+        free = {r["method"]: r for r in free_bench["results"]} if free_bench else {}
+        target = min(best(r["evals"]) for d in benches for r in d["results"])
+        own_free = unshaped[(nodes, ranks)]
+        steps_from = {r["method"]: r for r in own_free["results"]} if own_free else {}
+        models: dict[str, Model] = {}
+        rates = []
+        for d in sorted(benches, key=lambda d: -(rate_bytes_per_s(d["rate"]) or math.inf)):
+            link = rate_bytes_per_s(d["rate"])
+            rows = []
+            for r in d["results"]:
+                m = r["method"]
+                got = reach(r["evals"], target)
+                row = dict(
+                    method=m,
+                    best_smoothed_top1=best(r["evals"]),
+                    steps_to_target=got and got["step"],
+                    seconds_to_target=got and got["seconds"],
+                    wall_seconds=r["wall_seconds"],
+                    measured_step_seconds=None,
+                    predicted_step_seconds=None,
+                    predicted_seconds_to_target=None,
+                )
+                source = steps_from.get(m, r)
+                step = reach(source["evals"], target)
+                if m in free and step:
+                    if m not in models:
+                        models[m] = Model(params, d, free[m], m, step["step"])
+                    model = models[m]
+                    row["measured_step_seconds"] = measured_mean(model.full, r["step_seconds"])
+                    row["predicted_step_seconds"] = model.step_seconds(link)
+                    row["step_error"] = (
+                        row["predicted_step_seconds"] / row["measured_step_seconds"] - 1
+                    )
+                    row["predicted_seconds_to_target"] = model.time_to_target(link)
+                rows.append(row)
+            reached = [x for x in rows if x["seconds_to_target"] is not None]
+            fastest = min(reached, key=lambda x: x["seconds_to_target"])["method"]
+            predicted = [x for x in rows if x["predicted_seconds_to_target"] is not None]
+            guess = (
+                min(predicted, key=lambda x: x["predicted_seconds_to_target"])["method"]
+                if predicted
+                else None
+            )
+            ordered = sorted(x["seconds_to_target"] for x in reached)
+            rates.append(
+                dict(
+                    rate=d["rate"],
+                    link_bytes_per_s=link,
+                    methods=rows,
+                    fastest=fastest,
+                    predicted_fastest=guess,
+                    fastest_margin=ordered[1] / ordered[0] - 1 if len(ordered) > 1 else None,
+                )
+            )
+            for x in rows:
+                if x["predicted_step_seconds"] is not None:
+                    check.append(
+                        dict(
+                            nodes=nodes,
+                            ranks_per_node=ranks,
+                            rate=d["rate"],
+                            method=x["method"],
+                            measured_step_seconds=x["measured_step_seconds"],
+                            predicted_step_seconds=x["predicted_step_seconds"],
+                            step_error=x["step_error"],
+                            seconds_to_target=x["seconds_to_target"],
+                            predicted_seconds_to_target=x["predicted_seconds_to_target"],
+                            fastest=fastest,
+                            predicted_fastest=guess,
+                            recommendation_matches=guess == fastest,
+                        )
+                    )
+        out_shapes.append(
+            dict(
+                nodes=nodes,
+                ranks_per_node=ranks,
+                target_top1=target,
+                compute_from=f"{free_bench['nodes']}x{free_bench['ranks_per_node']} unshaped"
+                if free_bench
+                else None,
+                rates=rates,
+                crossovers=_crossings(models),
+                model_curves={
+                    m: [
+                        (x * 8 / 1e6, mod.time_to_target(x))
+                        for x in (GRID[0] * (GRID[1] / GRID[0]) ** (i / 60) for i in range(61))
+                    ]
+                    + [(None, mod.time_to_target(None))]  # unshaped
+                    for m, mod in models.items()
+                },
+            )
+        )
+    return dict(rules=RULES, shapes=out_shapes, check=check)
+
+
+def summarise(params: dict, results: Path = RESULTS) -> dict[str, Any] | None:
+    """Analyse every per-rate file under `results`; write network-rates.json and .png."""
+    files = load(results)
+    if not files:
+        return None
+    summary = analyse(params, files)
+    atomic_write_text(results / f"{SUMMARY}.json", json.dumps(summary, indent=2))
+    plot(summary, results / f"{SUMMARY}.png")
+    return summary
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = summary["shapes"]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(7.5 * len(shapes), 5.2), squeeze=False)
+    free_x = 40e3  # where the unshaped link sits on the Mbit/s axis
+    colors = {}
+    for ax, shape in zip(axes[0], shapes):
+        for m, curve in sorted(shape["model_curves"].items()):
+            xs = [free_x if x is None else x for x, _ in curve]
+            (line,) = ax.plot(xs[:-1], [y for _, y in curve[:-1]], lw=1.5, label=f"{m} (model)")
+            colors[m] = line.get_color()
+            ax.plot(xs[-2:], [y for _, y in curve[-2:]], lw=1, ls=":", color=line.get_color())
+        for r in shape["rates"]:
+            x = r["link_bytes_per_s"] * 8 / 1e6 if r["link_bytes_per_s"] else free_x
+            for row in r["methods"]:
+                if row["seconds_to_target"] is None:
+                    continue
+                c = colors.get(row["method"])
+                if c is None:
+                    c = colors[row["method"]] = f"C{len(colors)}"
+                ax.plot(x, row["seconds_to_target"], "o", color=c, ms=6, mec="black", mew=0.5)
+        # numbered markers, listed in a box: labels beside close crossovers would overlap
+        listed = []
+        for k, c in enumerate(shape["crossovers"], 1):
+            y = c["seconds_to_target"]
+            ax.plot(c["mbit_per_s"], y, "X", color="black", ms=8, zorder=5)
+            ax.annotate(
+                str(k),
+                (c["mbit_per_s"], y),
+                xytext=(4, 4),
+                textcoords="offset points",
+                fontsize=8,
+                fontweight="bold",
+            )
+            listed.append(
+                f"{k}: {c['mbit_per_s']:.0f} Mbit/s, {c['faster_below']} faster below, "
+                f"{c['faster_above']} above"
+            )
+        if listed:
+            ax.text(
+                0.02,
+                0.02,
+                "\n".join(listed),
+                transform=ax.transAxes,
+                fontsize=7.5,
+                va="bottom",
+                bbox=dict(facecolor="white", alpha=0.85, lw=0.5),
+            )
+        ticks = [20, 50, 200, 1000, 10_000, free_x]
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(ticks, ["20M", "50M", "200M", "1G", "10G", "unshaped"])
+        ax.minorticks_off()
+        lo, hi = ax.get_ylim()
+        yt = [v for v in (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000) if lo <= v <= hi]
+        ax.set_yticks(yt, [str(v) for v in yt])
+        ax.axvline(20e3, color="grey", lw=0.8, ls="--")  # the axis breaks: no rate beyond
+        ax.set(
+            title=f"{shape['nodes']} nodes x {shape['ranks_per_node']} "
+            f"rank{'s' * (shape['ranks_per_node'] > 1)}: time to "
+            f"{shape['target_top1']:.2f}% top-1 (smoothed)",
+            xlabel="link per node, each way (bit/s)",
+            ylabel="seconds to target (log)",
+        )
+        ax.grid(alpha=0.3, which="both")
+        handles = [
+            plt.Line2D([], [], color=c, marker="o", mec="black", mew=0.5, label=m)
+            for m, c in colors.items()
+        ]
+        label = "crossover (model):\nfaster below | above"
+        handles.append(plt.Line2D([], [], color="black", marker="X", ls="", label=label))
+        ax.legend(
+            handles=handles,
+            fontsize=8,
+            loc="upper right",
+            title="dots: measured; lines: model",
+            title_fontsize=8,
+        )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    for shape in summary["shapes"]:
+        print(
+            f"\n{shape['nodes']} nodes x {shape['ranks_per_node']} ranks: target top-1 "
+            f"{shape['target_top1']:.2f}% (smoothed over {SMOOTH} evaluations)"
+        )
+        print(
+            f"{'rate':<10}{'method':<13}{'steps':>7}{'s to target':>12}{'predicted':>10}"
+            f"{'s/step':>8}{'pred.':>8}{'err':>7}"
+        )
+        for r in shape["rates"]:
+            for x in r["methods"]:
+                cells = [
+                    x["steps_to_target"],
+                    x["seconds_to_target"],
+                    x["predicted_seconds_to_target"],
+                    x["measured_step_seconds"],
+                    x["predicted_step_seconds"],
+                ]
+                f = [f"{v:.1f}" if v is not None else "—" for v in cells[:3]]
+                f += [f"{v:.3f}" if v is not None else "—" for v in cells[3:]]
+                err = f"{x['step_error']:+.1%}" if x.get("step_error") is not None else "—"
+                print(
+                    f"{r['rate']:<10}{x['method']:<13}{f[0]:>7}{f[1]:>12}{f[2]:>10}{f[3]:>8}"
+                    f"{f[4]:>8}{err:>7}"
+                )
+            print(
+                f"{'':<10}fastest: {r['fastest']} (measured), {r['predicted_fastest']} (predicted)"
+            )
+        for c in shape["crossovers"]:
+            print(
+                f"crossover at {c['mbit_per_s']:.0f} Mbit/s: {c['faster_below']} faster below, "
+                f"{c['faster_above']} above"
+            )
+
+
+def main() -> int:
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    summary = summarise(params)
+    if summary is None:
+        print("no bench/results/network-*.json: run python -m bench.network first")
+        return 1
+    print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

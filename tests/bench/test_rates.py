@@ -1,0 +1,162 @@
+"""Time to accuracy over link rates (bench.rates) and the benchmark's runs over shapes and
+rates (bench.network, its runs faked): no emulated cluster."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from abtrain import schedule
+from abtrain.config import from_dict
+from bench import network, planner, rates
+from tests.conftest import ROOT
+
+RESULTS = ROOT / "bench/results"
+
+
+def evals(*points):
+    return [dict(step=s, seconds=t, val_top1=a) for s, t, a in points]
+
+
+def test_the_target_is_reached_on_the_smoothed_curve_between_evaluations():
+    e = evals((10, 5.0, 20.0), (20, 10.0, 30.0), (30, 15.0, 26.0), (40, 20.0, 34.0))
+    # means of consecutive pairs at their mid step and time: (15, 7.5, 25), (25, 12.5, 28),
+    # (35, 17.5, 30); one evaluation of 30% alone does not reach 30%
+    assert rates.best(e) == 30.0
+    got = rates.reach(e, 29.0)
+    assert got["step"] == pytest.approx(25 + 10 * (29 - 28) / (30 - 28))
+    assert got["seconds"] == pytest.approx(12.5 + 5 * 0.5)
+    assert rates.reach(e, 30.5) is None
+    assert rates.elapsed_at(e, 15) == pytest.approx(7.5)
+    assert rates.elapsed_at(e, 50) == pytest.approx(25.0)  # past the end: the last pace
+
+
+def test_per_rate_files_are_named_by_rate_and_by_nodes_beyond_two_by_two():
+    assert rates.result_name(2, 2, "200mbit") == "network-200mbit"
+    assert rates.result_name(2, 2, None) == "network-unshaped"
+    assert rates.result_name(4, 1, "200mbit") == "network-4n-200mbit"
+    assert rates.result_name(4, 2, "1gbit") == "network-4n2r-1gbit"
+    # the planner's check reads rates from file names: these are no rate to it
+    assert planner.rate_bytes_per_s("4n-200mbit") is None
+    assert planner.rate_bytes_per_s("rates") is None
+    assert planner.rate_bytes_per_s("50mbit") == 50e6 / 8
+
+
+def test_the_time_model_picks_the_measured_fastest_method_at_every_committed_rate():
+    """bench/results/network-*.json: predicted mean step time within 15% of the measured
+    one for every method and shaped rate, and the method predicted to reach the common
+    target first is the one that did."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    s = rates.analyse(params, rates.load(RESULTS))
+    assert s["check"]
+    for c in s["check"]:
+        assert abs(c["step_error"]) <= 0.15, c
+        assert c["recommendation_matches"], c
+    base = next(x for x in s["shapes"] if (x["nodes"], x["ranks_per_node"]) == (2, 2))
+    # the committed runs span links from ones where bytes decide to a free one
+    assert {"unshaped", "200mbit"} <= {r["rate"] for r in base["rates"]}
+    # every method reaches the common target, at the same step at every rate
+    by_method: dict[str, set] = {}
+    for r in base["rates"]:
+        for x in r["methods"]:
+            assert x["seconds_to_target"] is not None
+            by_method.setdefault(x["method"], set()).add(round(x["steps_to_target"], 6))
+    assert all(len(v) == 1 for v in by_method.values()), by_method
+
+
+def test_the_summary_and_its_figure_are_written(tmp_path):
+    for f in RESULTS.glob("network-*.json"):
+        if f.stem != "network-rates":
+            shutil.copy(f, tmp_path)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    s = rates.summarise(params, tmp_path)
+    written = json.loads((tmp_path / "network-rates.json").read_text())
+    assert written["check"] == json.loads(json.dumps(s["check"]))
+    assert (tmp_path / "network-rates.png").stat().st_size > 10_000
+    # a crossover is where the two predicted times meet, the faster one changing
+    for c in written["shapes"][0]["crossovers"]:
+        assert c["faster_below"] != c["faster_above"]
+    assert rates.load(tmp_path) and all(d.get("results") for d in rates.load(tmp_path))
+
+
+def test_one_command_runs_every_shape_rate_and_method(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(network, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(network, "plot", lambda: None)
+    monkeypatch.setattr(network, "summarise", lambda config: None)
+    seen = []
+
+    def fake_run(method, rate, a, work):
+        seen.append((a.nodes, a.ranks_per_node, rate, method, a.method_sets.get(method, [])))
+        return dict(
+            method=method,
+            wall_seconds=60.0,
+            val_top1={"best": 30.0, "final": 30.0},
+            evals=evals((10, 5.0, 20.0), (20, 10.0, 30.0)),
+            ledger_inter_node_bytes_by_node={0: 1},
+            interface_bytes_by_node=[{"tx": 1}] * a.nodes,
+            step_seconds={},
+        )
+
+    monkeypatch.setattr(network, "run_one", fake_run)
+    network.main(
+        [
+            "--methods",
+            "ddp,ab_powersgd",
+            "--shape",
+            "2x2=200mbit,none",
+            "--shape",
+            "4x1=200mbit",
+            "--method-set",
+            "ab_powersgd:ab.sync_mode=only_learned",
+        ]
+    )
+    assert [x[:4] for x in seen] == [
+        (2, 2, "200mbit", "ddp"),
+        (2, 2, "200mbit", "ab_powersgd"),
+        (2, 2, None, "ddp"),
+        (2, 2, None, "ab_powersgd"),
+        (4, 1, "200mbit", "ddp"),
+        (4, 1, "200mbit", "ab_powersgd"),
+    ]
+    assert seen[1][4] == ["ab.sync_mode=only_learned"] and seen[0][4] == []
+    names = sorted(f.name for f in (tmp_path / "results").iterdir())
+    assert names == ["network-200mbit.json", "network-4n-200mbit.json", "network-unshaped.json"]
+    d = json.loads((tmp_path / "results/network-4n-200mbit.json").read_text())
+    assert (d["nodes"], d["ranks_per_node"], d["rate"]) == (4, 1, "200mbit")
+    assert d["method_overrides"] == {"ab_powersgd": ["ab.sync_mode=only_learned"]}
+    r = d["results"][0]
+    assert r["target_top1"] == 25.0 and r["steps_to_target"] == 15.0  # the smoothed point
+    out = capsys.readouterr().out
+    assert "[bench.network] run 6 of 6 finished: ab_powersgd at 200mbit" in out
+
+
+def test_a_dry_run_predicts_each_runs_wall_time_from_the_committed_runs(monkeypatch, capsys):
+    """The dry run's estimate of a committed 200 Mbit/s run, with that run's settings,
+    against the wall time it took."""
+    monkeypatch.chdir(ROOT)
+    committed = json.loads((RESULTS / "network-200mbit.json").read_text())
+    took = {r["method"]: r["wall_seconds"] for r in committed["results"]}
+    sets = [x for s in committed["overrides"] for x in ("--set", s)]
+    args = ["--dry-run", "--methods", "ddp,ab", "--shape", "2x2=200mbit,none"]
+    assert network.main(args + sets) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("predicted wall time:") and len(lines) == 5
+    seconds = [float(x.split("~")[1].split()[0]) for x in lines[:2]]
+    assert seconds[0] == pytest.approx(took["ddp"], rel=0.15)
+    assert seconds[1] == pytest.approx(took["ab"], rel=0.15)
+
+
+def test_ab_phase_counts_used_by_the_check_come_from_the_schedule():
+    """The measured mean of an AB run weights its phases by the schedule's step counts."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    d = json.loads((RESULTS / "network-200mbit.json").read_text())
+    cfg = from_dict(params["train"], ["method=ab", *d["overrides"]])
+    kinds = [schedule.phase_at(t, cfg).kind for t in range(cfg.steps)]
+    ab = next(r for r in d["results"] if r["method"] == "ab")
+    pl = planner.plan(cfg, 2, 2, 10)
+    expected = sum(ab["step_seconds"][k] for k in kinds) / len(kinds)
+    assert planner.measured_mean(pl, ab["step_seconds"]) == pytest.approx(expected)
