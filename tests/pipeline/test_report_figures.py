@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from abtrain.config import AB_METHODS
 from tests.conftest import ROOT
 
 BIN = Path(sys.executable).parent
@@ -23,16 +24,20 @@ def result(name: str, run: dict, reference: int, batch_size: int) -> dict:
     """A run's results/NAME.json as pipeline.train writes it; ab sends 40% of ddp's bytes."""
     world = run["nodes"] * run["ranks_per_node"]
     global_batch = batch_size * world if run["batch"] == "local" else reference
-    share = {"ddp": 1.0, "ab": 0.4, "ab_nogroups": 0.7}[run["method"]]
+    share = {"ddp": 1.0, "ab": 0.4, "ab_nogroups": 0.7, "powersgd": 0.1, "ab_powersgd": 0.09}[
+        run["method"]
+    ]
     steps, per_step = 100, 8e6 * share
-    top1 = {"ddp": 33.0, "ab": 30.5, "ab_nogroups": 31.0}[run["method"]]
+    top1 = {"ddp": 33.0, "ab": 30.5, "ab_nogroups": 31.0, "powersgd": 32.0, "ab_powersgd": 30.0}[
+        run["method"]
+    ]
     evals = [
         dict(step=s, val_top1=top1 - (100 - s) / 10, val_loss=2.0 - s / 1000,
              inter_node_bytes=per_step * s, samples=s * global_batch, epoch=s / 50)
         for s in (25, 50, 75, 100)
     ]  # fmt: skip
     ranks = {"blocks.0.fc1": 64, "blocks.0.fc2": 64}
-    low = run["method"] != "ddp"
+    low = run["method"] in AB_METHODS  # factorised: compression, phases
     by_phase = {"full": per_step * steps} if not low else {
         "warmup": per_step * steps * 0.8, "sync": per_step * steps * 0.2, "ab": 0.0
     }  # fmt: skip
@@ -94,6 +99,7 @@ def test_the_report_gives_absolute_top1_and_explains_its_odd_values(reported):
     for name in names:
         row = next(line for line in md.splitlines() if line.startswith(f"| {name} |"))
         best = {"ddp": "33.00 | 33.00", "ab": "30.50 | 30.20", "abng": "31.00 | 30.70"}
+        best.update(psgd="32.00 | 32.00", abps="30.00 | 29.70")
         assert f"| {best[name.split('-')[0]]} |" in row, row
     assert "| ab-2x2 | ab | 2 × 2 | local | 128 | 100 | 30.50 | 30.20 | -2.50 | -2.80 |" in md
     assert "**Compression below 1:1** (0.75:1)" in md and "r(m+n)" in md
@@ -117,7 +123,7 @@ def test_metrics_hold_each_runs_bytes_per_step_against_its_ddp_run(reported):
     assert sorted(metrics) == sorted(names)
     for name, m in metrics.items():
         assert list(m) == ["vs_ddp"]
-        want = {"ddp": 1.0, "ab": 0.4, "abng": 0.7}[name.split("-")[0]]
+        want = {"ddp": 1.0, "ab": 0.4, "abng": 0.7, "psgd": 0.1, "abps": 0.09}[name.split("-")[0]]
         assert m["vs_ddp"] == pytest.approx(want)
 
 
