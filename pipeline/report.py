@@ -309,6 +309,13 @@ def figures(done: dict[str, dict], p: dict) -> list[tuple[str, str]]:
             if s["method"] == method and in_scheme(s, scheme, p)
         )
 
+    def method_lines(ax, scheme, value):
+        """One line per method of `value` against the ranks, in the method's colour."""
+        for m in methods:
+            pts = points(scheme, m, value)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", color=color[m], label=m)
+
     def ranks_axis(ax, scheme):
         worlds = sorted({s["world_size"] for s in done.values() if in_scheme(s, scheme, p)})
         ax.set_xticks(worlds)
@@ -320,10 +327,7 @@ def figures(done: dict[str, dict], p: dict) -> list[tuple[str, str]]:
     }
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))  # like the paper's Figure 1: traffic
     for ax, scheme in zip(axes, ("local", "global")):
-        for m in methods:
-            pts = points(scheme, m, lambda s: per_step(s) / 1e6)
-            if pts:
-                ax.plot(*zip(*pts), marker="o", color=color[m], label=m)
+        method_lines(ax, scheme, lambda s: per_step(s) / 1e6)
         ax.set(
             title=titles[scheme],
             xlabel="ranks (world size)",
@@ -354,10 +358,7 @@ def figures(done: dict[str, dict], p: dict) -> list[tuple[str, str]]:
         ranks_axis(ax, scheme)
         ax.legend(fontsize=7)
         ax = axes[row, 1]
-        for m in methods:
-            pts = points(scheme, m, lambda s: s["compression_ratio"])
-            if pts:
-                ax.plot(*zip(*pts), marker="o", color=color[m], label=m)
+        method_lines(ax, scheme, lambda s: s["compression_ratio"])
         ax.axhline(1.0, color="k", lw=0.8, ls=":")
         ax.annotate(
             "1:1 (A and B as large as W)",
