@@ -3,6 +3,11 @@
 Ranks form groups of `group_size` consecutive ranks (by default one node, so a group's
 traffic stays inside a node). The first half of the groups train A, the rest B; with an
 odd count the extra group trains B.
+
+A broadcast to every rank goes in two hops (`Fanout`): across nodes among one rank per
+node, then inside each node. So one copy enters each other node whatever the backend's
+algorithm, as the ledger counts it: over the whole world, gloo's binomial tree would send
+two copies across nodes on 2 nodes x 2 ranks (0->2 and 1->3) where the ledger counts one.
 """
 
 from __future__ import annotations
@@ -35,6 +40,32 @@ def plan(
 
 
 @dataclass
+class Fanout:
+    """One rank's part in a two-hop broadcast from `root`."""
+
+    root: int
+    across: dist.ProcessGroup | None  # root + the first rank of every other node (members)
+    within: dist.ProcessGroup | None  # this rank's node, if it has more than one rank
+    local_root: int  # where this node's copy comes from: the root, or this node's first rank
+
+
+def fanout(rank: int, nodes: list[int], root: int) -> Fanout:
+    """Create a broadcast's process groups; every rank must call this with the same args."""
+    members: dict[int, list[int]] = {}
+    for r, node in enumerate(nodes):
+        members.setdefault(node, []).append(r)
+    heads = {node: root if root in ranks else ranks[0] for node, ranks in members.items()}
+    across = dist.new_group(sorted(heads.values())) if len(heads) > 1 else None
+    within = None
+    for node, ranks in members.items():
+        pg = dist.new_group(ranks) if len(ranks) > 1 else None  # collective: all create all
+        if node == nodes[rank]:
+            within = pg
+    head = heads[nodes[rank]]
+    return Fanout(root, across if rank == head else None, within, head)
+
+
+@dataclass
 class ABGroups:
     """This rank's view of the groups, with the process groups it needs."""
 
@@ -44,14 +75,19 @@ class ABGroups:
     a_ranks: list[int]
     b_ranks: list[int]
     learners: dist.ProcessGroup | None  # ranks sharing this rank's role (only_learned)
+    share_a: Fanout | None = None  # A and B from their learners to every rank (only_learned)
+    share_b: Fanout | None = None
 
     @property
     def single(self) -> bool:
         return len(self.plan) == 1
 
 
-def build(rank: int, groups: list[tuple[list[int], str]], with_learners: bool) -> ABGroups:
-    """Create the process groups; every rank must call this with the same plan."""
+def build(
+    rank: int, groups: list[tuple[list[int], str]], with_learners: bool, nodes: list[int]
+) -> ABGroups:
+    """Create the process groups; every rank must call this with the same plan and node
+    map (`nodes[r]`: rank r's node)."""
     mine = None
     for ranks, role in groups:
         pg = dist.new_group(ranks)  # collective: every rank creates every group
@@ -59,10 +95,13 @@ def build(rank: int, groups: list[tuple[list[int], str]], with_learners: bool) -
             mine, my_role = pg, role
     a_ranks = [r for ranks, role in groups for r in ranks if role == "a"]
     b_ranks = [r for ranks, role in groups for r in ranks if role == "b"]
-    learners = None
+    learners = share_a = share_b = None
     if with_learners:
         for role, ranks in (("a", a_ranks), ("b", b_ranks)):
             pg = dist.new_group(ranks) if ranks else None
             if role == my_role:
                 learners = pg
-    return ABGroups(groups, my_role, mine, a_ranks, b_ranks, learners)
+        share_a, share_b = (
+            fanout(rank, nodes, ranks[0]) if ranks else None for ranks in (a_ranks, b_ranks)
+        )
+    return ABGroups(groups, my_role, mine, a_ranks, b_ranks, learners, share_a, share_b)

@@ -6,7 +6,10 @@ group's ranks in rank order):
 - broadcast (chain from the root): S to the next rank, except the chain's last rank;
 - all-gather (ring): (n-1) · S to the next rank, S being one rank's share.
 A send crosses a node boundary when the next rank lives on another node, so summing one
-node's ranks gives the bytes leaving that node's network interface.
+node's ranks gives the bytes leaving that node's network interface. abtrain's own
+broadcasts to every rank go in two hops (`groups.Fanout`: one rank per node, then inside
+each node), so one copy enters each other node under the chain and under gloo's binomial
+tree alike; over a whole 2 x 2 world in one call, gloo's tree would cross twice.
 
 What is kept is bounded by the run's length alone, never by buckets or ranks: each rank
 adds its bytes into a small table per step (phase × operation × {intra, inter, calls});

@@ -406,12 +406,16 @@ def _buckets(nbytes: int, cfg: Config) -> int:
 
 
 def ledger_calls(
-    cfg: Config, s: Sizes, groups_: list[tuple[list[int], str]], world: int
+    cfg: Config, s: Sizes, groups_: list[tuple[list[int], str]], world: int, ranks_per_node: int
 ) -> dict[tuple[int, str, str], int]:
     """The trainer's loop walked without training: collectives summed over ranks for each
     (step, phase, op), as ledger.csv counts them. Its keys are ledger.csv's rows; the sum
     of its values is the number of per-collective rows (ledger.jsonl)."""
     calls: dict[tuple[int, str, str], int] = {}
+    # a broadcast to every rank in two hops (groups.Fanout): one rank per node, then nodes
+    nodes = world // ranks_per_node
+    fanout = (nodes if nodes > 1 else 0) + (world if ranks_per_node > 1 else 0)
+    dtypes = 2 if s.buffer_tensors > s.float_buffers else 1  # BatchNorm's int counters
 
     def add(step: int, phase: str, op: str, count: int = world) -> None:
         calls[step, phase, op] = calls.get((step, phase, op), 0) + count
@@ -431,7 +435,7 @@ def ledger_calls(
             add(step, "sync", "all_reduce")
         else:  # learners' all-reduce and the rest over the world; A and B shared
             add(step, "sync", "all_reduce", 2 * world)
-            add(step, "sync", "broadcast", 2 * world)
+            add(step, "sync", "broadcast", 2 * fanout)
 
     add(0, "setup", "all_gather")  # the node map
     add(0, "setup", "broadcast")  # whether tracking could start
@@ -445,7 +449,8 @@ def ledger_calls(
             if phase.low_rank:
                 add(t, "factorize", "all_reduce")
             if prev is None:
-                add(t, phase.kind, "broadcast")  # the first wrap: rank 0's state
+                # the first wrap: rank 0's state, or DDP's own broadcast inside each group
+                add(t, phase.kind, "broadcast", world if phase.low_rank else dtypes * fanout)
             prev = phase
         if pending and not phase.low_rank:
             add(t, "eval", "all_reduce")
@@ -587,5 +592,5 @@ def footprint(
     return Footprint(
         memory=_memory(cfg, s, roles),
         checkpoint=checkpoint,
-        ledger=_ledger(ledger_calls(cfg, s, groups_, world), cfg, world),
+        ledger=_ledger(ledger_calls(cfg, s, groups_, world, ranks_per_node), cfg, world),
     )

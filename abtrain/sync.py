@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from abtrain import lowrank
-from abtrain.groups import ABGroups
+from abtrain.groups import ABGroups, Fanout
 from abtrain.ledger import Ledger
 from abtrain.lowrank import LowRankLayer
 
@@ -63,9 +63,15 @@ def _average(tensors: list[Tensor], ledger: Ledger, group=None) -> None:
         t.copy_(avg)
 
 
-def _share(tensors: list[Tensor], ledger: Ledger, src: int) -> None:
+def share(tensors: list[Tensor], ledger: Ledger, route: Fanout) -> None:
+    """Give every rank `route.root`'s `tensors` (one dtype), across nodes first."""
+    if not tensors:
+        return
     flat = _flatten_dense_tensors(tensors)
-    ledger.broadcast(flat, src)
+    if route.across is not None:
+        ledger.broadcast(flat, route.root, route.across)
+    if route.within is not None:
+        ledger.broadcast(flat, route.local_root, route.within)
     for t, new in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
         t.copy_(new)
 
@@ -93,8 +99,8 @@ def average(
         _average(a + b + shared, ledger)
     elif mode == "only_learned":
         _average(a if groups.role == "a" else b, ledger, groups.learners)
-        _share(a, ledger, src=groups.a_ranks[0])
-        _share(b, ledger, src=groups.b_ranks[0])
+        share(a, ledger, groups.share_a)
+        share(b, ledger, groups.share_b)
         _average(shared, ledger)
     else:
         raise ValueError(f"unknown sync mode {mode!r}")

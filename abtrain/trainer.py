@@ -135,6 +135,7 @@ class Trainer:
             self.rank, self._node_map(), self.out, cfg.tracking.ledger_rows, self.device
         )
         self.ledger.record("all_gather", 8, None)  # the node map itself
+        self.fanout = groups.fanout(self.rank, self.ledger.nodes, root=0)  # rank 0's state
         self.tracker = self._open_tracking()
 
         self.task = make_task(cfg)
@@ -148,7 +149,9 @@ class Trainer:
             self.layers = lowrank.convert(self.model, cfg.ab.full_rank_layers)
             self.model.to(self.device)
             plan = self.method.group_plan(self.world, self.group_size)
-            self.groups = groups.build(self.rank, plan, cfg.ab.sync_mode == "only_learned")
+            self.groups = groups.build(
+                self.rank, plan, cfg.ab.sync_mode == "only_learned", self.ledger.nodes
+            )
         self.opt = torch.optim.AdamW(
             self.model.parameters(),
             lr=cfg.optim.lr,
@@ -346,7 +349,10 @@ class Trainer:
         t0, self.ddp = self._now(), None
         gc.collect()  # the old wrapper's reducer must drop its autograd hooks first
         group = self.groups.group if self.state.phase.low_rank else None
-        if init_sync:
+        if init_sync and group is None:
+            self._share_state()  # in two hops, not DDP's one broadcast over the world
+            init_sync = False
+        elif init_sync:  # a run resumed inside an AB phase: DDP's broadcast, in the group
             state = [p for p in self.model.parameters()] + list(self.model.buffers())
             size = sum(t.numel() * t.element_size() for t in state)
             self.ledger.record("broadcast", size, group, root=ledger.group_ranks(group)[0])
@@ -363,6 +369,15 @@ class Trainer:
         self.ddp.register_comm_hook(*self.method.comm_hook(self.cfg, self.ledger, group))
         self.fresh = False
         self.state.add_time("wrap", self._now() - t0)
+
+    @torch.no_grad()
+    def _share_state(self) -> None:
+        """Rank 0's parameters and buffers to every rank, one dtype at a time."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in [*self.model.parameters(), *self.model.buffers()]:
+            by_dtype.setdefault(t.dtype, []).append(t.data)
+        for tensors in by_dtype.values():
+            sync.share(tensors, self.ledger, self.fanout)
 
     # ---------------------------------------------------------------- evaluation
     @torch.no_grad()

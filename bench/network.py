@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,8 @@ def ledger_by_node(run_dir: Path, nodes: list[int]) -> dict[int, int]:
 
 def run_one(method: str, rate: str | None, a: argparse.Namespace, work: Path) -> dict[str, Any]:
     out = work / f"{method}-{a.nodes}x{a.ranks_per_node}-{rate or 'unshaped'}"
+    # an earlier benchmark's folder would be resumed (a finished run: no step at all)
+    shutil.rmtree(out, ignore_errors=True)
     with Cluster(a.nodes, rate) as c:
         env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "PYTHONUNBUFFERED": "1"}
         # every rank shares this machine: torchrun sets 1 thread only for several ranks
@@ -248,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="METHOD:KEY=VALUE",
         help="an override for one method only, e.g. ab_powersgd:ab.sync_mode=only_learned",
     )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other methods' runs already in bench/results/network-*.json and "
+        "replace only these methods' (a rerun of one method after a change to it)",
+    )
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument(
         "--dry-run",
@@ -281,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(run_one(method, rate, shape, work))
                 done = progress_line(k, len(runs), method, rate, time.monotonic() - t0, results[-1])
                 print(done, flush=True)
+            if a.merge:
+                results = merged(shape, rate, results)
             write_rate(shape, rate, results)
     summary = summarise(a.config)
     if summary:
@@ -302,6 +313,19 @@ def print_summary(summary: dict[str, Any]) -> None:
     from bench import rates
 
     rates.print_summary(summary)
+
+
+def merged(
+    a: argparse.Namespace, rate: str | None, new: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The committed runs of this shape and rate, with `new`'s methods replaced, in order."""
+    from bench.rates import result_name
+
+    path = RESULTS / f"{result_name(a.nodes, a.ranks_per_node, rate)}.json"
+    old = json.loads(path.read_text())["results"] if path.exists() else []
+    fresh = {r["method"]: r for r in new}
+    out = [fresh.pop(r["method"], r) for r in old]
+    return out + list(fresh.values())
 
 
 def write_rate(a: argparse.Namespace, rate: str | None, results: list[dict[str, Any]]) -> None:

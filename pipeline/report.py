@@ -431,6 +431,33 @@ def seed_noise() -> float | None:
     return max(spreads) if spreads else None
 
 
+SEED_STUDY_SETS = ("seed=S", "tracking.enabled=false")  # every study's (bench.seeds)
+
+
+def seed_pairs() -> list[str]:
+    """One line per seed study (reports/seeds*/, `python -m bench.seeds`): its pair's
+    difference in best top-1 at each seed."""
+    out = []
+    for path in sorted(REPORTS.glob("seeds*/seeds.json")):
+        data = json.loads(path.read_text())
+        d = data["summary"]["difference"]
+        per, sp = d["per_seed"], d["spread"]
+        if not sp:
+            continue
+        trained = "with" if data.get("search_best_values") else "without"
+        extra = [x for x in data.get("overrides_extra", []) if x not in SEED_STUDY_SETS]
+        also = f" and {', '.join(f'`{x}`' for x in extra)}" if extra else ""
+        out.append(
+            f"- [`{path.parent.name}/`]({path.parent.name}/README.md), {trained} the search's "
+            f"values{also}: {d['of']} over seeds {', '.join(per)} is "
+            + ", ".join(f"{v:+.2f}" for v in per.values())
+            + f" points (mean {sp['mean']:+.2f})."
+        )
+    if not out:
+        return []
+    return ["", "Each study's pair, best top-1 in percentage points at each seed:", "", *out]
+
+
 def accuracy_notes(rows: list[dict[str, Any]], noise: float | None) -> list[str]:
     out = [
         "Best: the highest of the run's evaluations; final: its last (the end of the run). "
@@ -777,6 +804,7 @@ def main() -> int:
             "noise; "
             "the inter-node bytes are the same at every seed.",
         ]
+        md += seed_pairs()
     md += ["", "## Figures", ""]
     for path, caption in pics:
         md += figure(path, caption)

@@ -120,7 +120,7 @@ def test_a_real_run_writes_what_the_planner_predicts(tmp_path):
     keep = sum(ranks) / len(ranks) / cfg.model.width
     s = planner.sizes(cfg, 10, keep)
     groups = planner.ab_groups(cfg, 4, 2)
-    calls = planner.ledger_calls(cfg, s, groups, 4)
+    calls = planner.ledger_calls(cfg, s, groups, 4, 2)
 
     csv = (tmp_path / "ledger.csv").read_text().splitlines()[1:]
     written = {}

@@ -11,7 +11,7 @@ def _sync(rank, world, mode):
     model = nn.Sequential(nn.Linear(3, 2))
     layers = lowrank.convert(model, [])
     plan = groups.plan(world, 2)
-    g = groups.build(rank, plan, with_learners=mode == "only_learned")
+    g = groups.build(rank, plan, with_learners=mode == "only_learned", nodes=[0, 0, 1, 1])
     layer = layers["0"]
     # Every rank holds different A, B and bias, as after an AB phase.
     layer.set_factors(torch.full((2, 1), rank + 1.0), torch.full((1, 3), 10.0 * (rank + 1)), g.role)
@@ -42,12 +42,32 @@ def test_with_stale_averages_trained_and_frozen_factors_over_the_world():
 
 def test_only_learned_averages_each_factor_over_its_learners_then_shares_it():
     results = spawn(_sync, args=("only_learned",))
-    for role, a, b, bias, _w, rows in results:
+    for rank, (role, a, b, bias, _w, rows) in enumerate(results):
         assert (a, b, bias) == pytest.approx((1.5, 35.0, 1.5))  # A from ranks 0-1, B from 2-3
         learned = 4 * 2 if role == "a" else 4 * 3
-        assert rows == [
-            ("all_reduce", learned, 2),
-            ("broadcast", 8, 4),
-            ("broadcast", 12, 4),
-            ("all_reduce", 8, 4),
-        ]
+        # Each factor goes once from node to node, between ranks 0 and 2 (A's root and B's
+        # root head their nodes), then inside each node: never over the world in one go.
+        head = rank in (0, 2)
+        a_rows = [("broadcast", 8, 2)] * (2 if head else 1)
+        b_rows = [("broadcast", 12, 2)] * (2 if head else 1)
+        assert rows == [("all_reduce", learned, 2), *a_rows, *b_rows, ("all_reduce", 8, 4)]
+
+
+def _fan_out(rank, world, root):
+    nodes = [r // 3 for r in range(world)]
+    route = groups.fanout(rank, nodes, root)
+    ledger = Ledger(rank, nodes, keep_rows=True)
+    t = torch.full((5,), float(rank))
+    sync.share([t], ledger, route)
+    inter = sum(r["wire_bytes"] for r in ledger.rows if r["inter_node"])  # this rank sent
+    return t.tolist(), inter, [r["group_size"] for r in ledger.rows]
+
+
+def test_a_broadcast_enters_each_other_node_once_even_from_a_rank_that_heads_no_node():
+    """Root 4 is the second rank of node 1: it sends to node 0's first rank, which passes it
+    on inside node 0, while root 4 passes it to the rest of node 1 itself."""
+    results = spawn(_fan_out, world=6, ranks_per_node=3, args=(4,))
+    for rank, (values, _inter, sizes) in enumerate(results):
+        assert values == [4.0] * 5
+        assert sizes == ([2, 3] if rank in (0, 4) else [3])  # across the nodes, then inside
+    assert [inter for _, inter, _ in results] == [0, 0, 0, 0, 5 * 4, 0]  # one copy, 4 to 0

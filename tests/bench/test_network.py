@@ -1,6 +1,7 @@
 """The emulated cluster's mechanics (not its timings): namespaces, shaped links, counters."""
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -51,6 +52,34 @@ def test_two_nodes_at_a_low_rate_finish_and_counters_agree_with_the_ledger(tmp_p
     assert not subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout
 
 
+def test_ab_syncs_cross_each_node_boundary_as_often_as_the_ledger_says(tmp_path, monkeypatch):
+    """Mostly syncs: each factor broadcast to every rank. Over the world in one gloo call
+    (a binomial tree) it crossed twice on 2 x 2 where the ledger counted once."""
+    monkeypatch.chdir(ROOT)
+    sets = [o for o in TINY if not o.startswith(("model=", "steps=", "ab."))] + [
+        "steps=16",
+        "checkpoint_every=0",
+        "model={name: mlp, width: 256, depth: 3, init: default}",
+        "ab.warmup_steps=1",
+        "ab.ab_steps=2",
+        "ab.rebound_steps=1",
+        "ab.lr_rebound_steps=1",
+        "ab.sync_mode=only_learned",
+    ]
+    a = argparse.Namespace(nodes=2, ranks_per_node=2, config=str(PARAMS), set=sets, timeout=300)
+    stale = tmp_path / "ab-2x2-unshaped"  # an earlier benchmark's finished run: not resumed
+    stale.mkdir()
+    (stale / "summary.json").write_text("{}")
+    r = network.run_one("ab", None, a, tmp_path)
+    syncs = r["traffic"]["by_phase"]["sync"]["inter"]
+    assert syncs > 0.3 * r["traffic"]["inter_node_bytes"]  # a large share
+    for node in (0, 1):
+        ledger = r["ledger_inter_node_bytes_by_node"][node]
+        tx = r["interface_bytes_by_node"][node]["tx"]
+        assert 0 <= tx / ledger - 1 < 0.15, (node, tx, ledger, tx / ledger)
+    assert cluster.leftover_namespaces() == []
+
+
 def test_each_run_is_announced_as_it_starts_and_finishes(tmp_path, monkeypatch, capsys):
     """The benchmark takes minutes per run: each one says which of how many, and the ETA."""
     monkeypatch.chdir(tmp_path)
@@ -87,3 +116,20 @@ def test_each_run_is_announced_as_it_starts_and_finishes(tmp_path, monkeypatch, 
     ]
     assert lines[-1].startswith("[bench.network] run 4 of 4 finished: ab at unshaped")
     assert lines[-1].endswith("ETA 0 s")
+
+
+def test_merge_replaces_only_the_rerun_methods_and_keeps_their_order(tmp_path, monkeypatch):
+    """--merge: a rerun of one method leaves the other methods' committed runs in place."""
+    monkeypatch.setattr(network, "RESULTS", tmp_path)
+    old = [{"method": m, "steps": 160, "tag": "old"} for m in ("ddp", "ab", "ab_powersgd")]
+    (tmp_path / "network-200mbit.json").write_text(json.dumps({"results": old}))
+    shape = argparse.Namespace(nodes=2, ranks_per_node=2)
+    new = [{"method": "ab_powersgd", "steps": 160, "tag": "new"}]
+    got = network.merged(shape, "200mbit", new)
+    assert [(r["method"], r["tag"]) for r in got] == [
+        ("ddp", "old"),
+        ("ab", "old"),
+        ("ab_powersgd", "new"),
+    ]
+    # a shape and rate with no committed file: just the new runs
+    assert network.merged(shape, "50mbit", new) == new

@@ -61,3 +61,17 @@ def test_missing_seed_is_left_out_of_the_difference(tmp_path: Path) -> None:
     )
     assert list(s["difference"]["per_seed"]) == ["0", "1"]
     assert s["methods"]["ab-2x2"]["best_top1"]["n"] == 2
+
+
+def test_a_pair_other_than_ab_is_named_as_itself_and_says_how_it_was_trained(tmp_path: Path):
+    fake_runs(tmp_path / "runs")
+    for seed in range(3):  # abps: the ab runs' figures under another name
+        (tmp_path / "runs" / f"ab-2x2-s{seed}").rename(tmp_path / "runs" / f"abps-2x2-s{seed}")
+    data = seeds.report(
+        ("ddp-2x2", "abps-2x2"), (0, 1, 2), tmp_path / "runs", tmp_path / "out", "cmd", True
+    )
+    assert data["search_best_values"] is True
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert "**with** the hyperparameter search's best values" in text
+    assert "paired abps-2x2 − ddp-2x2 difference spans -3.00 to +0.50" in text
+    assert "abps-2x2 is below ddp-2x2 at 2 of 3 seeds" in text

@@ -68,7 +68,8 @@ def reported(tmp_path_factory):
     """A working copy with results/ and plots/ for the default matrix, and the report run."""
     repo = tmp_path_factory.mktemp("report")
     for f in ("params.yaml", "dvc.yaml", "pipeline/curves_template.json",
-              "pipeline/paper_reference.json", "reports/seeds/seeds.json"):  # fmt: skip
+              "pipeline/paper_reference.json", "reports/seeds/seeds.json",
+              "reports/seeds-best-abps/seeds.json"):  # fmt: skip
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, repo / f)
     p = yaml.safe_load((repo / "params.yaml").read_text())
@@ -105,6 +106,12 @@ def test_the_report_gives_absolute_top1_and_explains_its_odd_values(reported):
     assert "**Compression below 1:1** (0.75:1)" in md and "r(m+n)" in md
     assert "**Negative ECR** (-25.0% for 0.75:1)" in md and "133%" in md
     assert "up to 1.60 points" in md  # the seed study, where its numbers are
+    # and each pair studied over seeds, with its differences as that study wrote them
+    study = json.loads((repo / "reports/seeds-best-abps/seeds.json").read_text())
+    diffs = ", ".join(f"{v:+.2f}" for v in study["summary"]["difference"]["per_seed"].values())
+    line = next(x for x in md.splitlines() if x.startswith("- [`seeds-best-abps/`]"))
+    assert "with the search's values: abps-2x2 - ddp-2x2 over seeds 0, 1, 2" in line
+    assert f"is {diffs} points" in line
     # every figure has its caption right under it, and every figure it names exists
     lines = md.splitlines()
     shown = [i for i, line in enumerate(lines) if line.startswith("![")]
