@@ -39,6 +39,25 @@ def plan(
     ]
 
 
+class ProcessGroups:
+    """One process group per set of ranks, made on first use. The groups a run needs often
+    coincide (a node's ranks are its A/B group and a broadcast's second hop; A's learners
+    are the A groups), and on NCCL each group is a communicator with its own buffers on
+    every GPU in it. Every rank must ask for the same rank sets in the same order."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+    def get(self, ranks: list[int]) -> dist.ProcessGroup:
+        key = tuple(sorted(ranks))
+        if key not in self._made:
+            self._made[key] = dist.new_group(list(key))  # collective over the world
+        return self._made[key]
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+
 @dataclass
 class Fanout:
     """One rank's part in a two-hop broadcast from `root`."""
@@ -49,16 +68,16 @@ class Fanout:
     local_root: int  # where this node's copy comes from: the root, or this node's first rank
 
 
-def fanout(rank: int, nodes: list[int], root: int) -> Fanout:
-    """Create a broadcast's process groups; every rank must call this with the same args."""
+def fanout(rank: int, nodes: list[int], root: int, pgs: ProcessGroups) -> Fanout:
+    """A broadcast's process groups; every rank must call this with the same args."""
     members: dict[int, list[int]] = {}
     for r, node in enumerate(nodes):
         members.setdefault(node, []).append(r)
     heads = {node: root if root in ranks else ranks[0] for node, ranks in members.items()}
-    across = dist.new_group(sorted(heads.values())) if len(heads) > 1 else None
+    across = pgs.get(list(heads.values())) if len(heads) > 1 else None
     within = None
     for node, ranks in members.items():
-        pg = dist.new_group(ranks) if len(ranks) > 1 else None  # collective: all create all
+        pg = pgs.get(ranks) if len(ranks) > 1 else None  # every rank asks for every node's
         if node == nodes[rank]:
             within = pg
     head = heads[nodes[rank]]
@@ -84,13 +103,18 @@ class ABGroups:
 
 
 def build(
-    rank: int, groups: list[tuple[list[int], str]], with_learners: bool, nodes: list[int]
+    rank: int,
+    groups: list[tuple[list[int], str]],
+    with_learners: bool,
+    nodes: list[int],
+    pgs: ProcessGroups | None = None,
 ) -> ABGroups:
-    """Create the process groups; every rank must call this with the same plan and node
+    """The groups' process groups; every rank must call this with the same plan and node
     map (`nodes[r]`: rank r's node)."""
+    pgs = pgs if pgs is not None else ProcessGroups()
     mine = None
     for ranks, role in groups:
-        pg = dist.new_group(ranks)  # collective: every rank creates every group
+        pg = pgs.get(ranks)  # every rank asks for every group
         if rank in ranks:
             mine, my_role = pg, role
     a_ranks = [r for ranks, role in groups for r in ranks if role == "a"]
@@ -98,10 +122,10 @@ def build(
     learners = share_a = share_b = None
     if with_learners:
         for role, ranks in (("a", a_ranks), ("b", b_ranks)):
-            pg = dist.new_group(ranks) if ranks else None
+            pg = pgs.get(ranks) if ranks else None
             if role == my_role:
                 learners = pg
         share_a, share_b = (
-            fanout(rank, nodes, ranks[0]) if ranks else None for ranks in (a_ranks, b_ranks)
+            fanout(rank, nodes, ranks[0], pgs) if ranks else None for ranks in (a_ranks, b_ranks)
         )
     return ABGroups(groups, my_role, mine, a_ranks, b_ranks, learners, share_a, share_b)

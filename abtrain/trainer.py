@@ -135,7 +135,8 @@ class Trainer:
             self.rank, self._node_map(), self.out, cfg.tracking.ledger_rows, self.device
         )
         self.ledger.record("all_gather", 8, None)  # the node map itself
-        self.fanout = groups.fanout(self.rank, self.ledger.nodes, root=0)  # rank 0's state
+        self.pgs = groups.ProcessGroups()
+        self.fanout = groups.fanout(self.rank, self.ledger.nodes, 0, self.pgs)  # rank 0's state
         self.tracker = self._open_tracking()
 
         self.task = make_task(cfg)
@@ -150,7 +151,7 @@ class Trainer:
             self.model.to(self.device)
             plan = self.method.group_plan(self.world, self.group_size)
             self.groups = groups.build(
-                self.rank, plan, cfg.ab.sync_mode == "only_learned", self.ledger.nodes
+                self.rank, plan, cfg.ab.sync_mode == "only_learned", self.ledger.nodes, self.pgs
             )
         self.opt = torch.optim.AdamW(
             self.model.parameters(),

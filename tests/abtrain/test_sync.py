@@ -11,7 +11,8 @@ def _sync(rank, world, mode):
     model = nn.Sequential(nn.Linear(3, 2))
     layers = lowrank.convert(model, [])
     plan = groups.plan(world, 2)
-    g = groups.build(rank, plan, with_learners=mode == "only_learned", nodes=[0, 0, 1, 1])
+    pgs = groups.ProcessGroups()
+    g = groups.build(rank, plan, mode == "only_learned", [0, 0, 1, 1], pgs)
     layer = layers["0"]
     # Every rank holds different A, B and bias, as after an AB phase.
     layer.set_factors(torch.full((2, 1), rank + 1.0), torch.full((1, 3), 10.0 * (rank + 1)), g.role)
@@ -28,12 +29,13 @@ def _sync(rank, world, mode):
         bias,
         layer.weight[0, 0].item(),
         [(r["op"], r["payload_bytes"], r["group_size"]) for r in ledger.rows],
+        len(pgs),
     )
 
 
 def test_with_stale_averages_trained_and_frozen_factors_over_the_world():
     results = spawn(_sync, args=("with_stale",))
-    for _role, a, b, bias, w, rows in results:
+    for _role, a, b, bias, w, rows, _made in results:
         assert (a, b, bias) == pytest.approx((2.5, 25.0, 1.5))  # means of 1..4, 10..40, 0..3
         assert w == pytest.approx(2.5 * 25.0)  # W = A·B after the merge
         assert rows == [("all_reduce", 4 * (2 + 3 + 2), 4)]  # A, B, bias in one all-reduce
@@ -42,7 +44,7 @@ def test_with_stale_averages_trained_and_frozen_factors_over_the_world():
 
 def test_only_learned_averages_each_factor_over_its_learners_then_shares_it():
     results = spawn(_sync, args=("only_learned",))
-    for rank, (role, a, b, bias, _w, rows) in enumerate(results):
+    for rank, (role, a, b, bias, _w, rows, made) in enumerate(results):
         assert (a, b, bias) == pytest.approx((1.5, 35.0, 1.5))  # A from ranks 0-1, B from 2-3
         learned = 4 * 2 if role == "a" else 4 * 3
         # Each factor goes once from node to node, between ranks 0 and 2 (A's root and B's
@@ -51,11 +53,13 @@ def test_only_learned_averages_each_factor_over_its_learners_then_shares_it():
         a_rows = [("broadcast", 8, 2)] * (2 if head else 1)
         b_rows = [("broadcast", 12, 2)] * (2 if head else 1)
         assert rows == [("all_reduce", learned, 2), *a_rows, *b_rows, ("all_reduce", 8, 4)]
+        # the two node groups serve as A/B groups, learners and second hops; plus {0, 2}
+        assert made == 3
 
 
 def _fan_out(rank, world, root):
     nodes = [r // 3 for r in range(world)]
-    route = groups.fanout(rank, nodes, root)
+    route = groups.fanout(rank, nodes, root, groups.ProcessGroups())
     ledger = Ledger(rank, nodes, keep_rows=True)
     t = torch.full((5,), float(rank))
     sync.share([t], ledger, route)
