@@ -161,8 +161,9 @@ class Trainer:
         )
         torch.manual_seed(cfg.seed * 1000 + self.rank)  # per-rank stream for dropout etc.
         self._signalled = False
+        self._usr1 = None  # the disposition this run borrows SIGUSR1 from, given back after
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGUSR1, self._on_stop_signal)
+            self._usr1 = signal.signal(signal.SIGUSR1, self._on_stop_signal)
 
         self.ddp: DistributedDataParallel | None = None
         self.state = RunState()
@@ -191,6 +192,12 @@ class Trainer:
             raise
         finally:
             self.tracker.finish(status)
+            if self._usr1 is not None:
+                # Left in place, Python's shutdown would reset our handler to the default
+                # action, and a SIGUSR1 arriving then (SLURM's, just as the run stopped at
+                # its deadline) would kill a rank that had stopped cleanly; under SLURM the
+                # disposition given back is the launcher's "ignore".
+                signal.signal(signal.SIGUSR1, self._usr1)
 
     def _loop(self) -> Iterator[dict[str, Any]]:
         self._resume()

@@ -443,7 +443,8 @@ def working_copy(dest: Path) -> None:
         check=True,
     ).stdout.split("\0")
     results = ("dvc.lock", "metrics/", "results/", "plots/", "reports/")  # the default profile's
-    inputs = ("reports/seeds/", "reports/table2/")  # committed benchmarks the report reads
+    # committed benchmarks the report reads: reports/seeds/ and every reports/seeds-*/ study
+    inputs = ("reports/seeds", "reports/table2/")
     for f in files:
         if f and (ROOT / f).is_file() and (not f.startswith(results) or f.startswith(inputs)):
             (dest / f).parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from abtrain import checkpoint, ledger, lowrank, models, schedule
-from tests.conftest import launch, summary, tiny_config
+from tests.conftest import launch, spawn, summary, tiny_config
 
 METHODS = ["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd"]
 
@@ -306,3 +306,26 @@ def test_ab_powersgd_drops_error_feedback_at_a_sync_and_keeps_its_warm_start(tmp
         assert not m.rewrap_at_checkpoint
     finally:
         dist.destroy_process_group()
+
+
+def _borrowed_usr1(rank, world, out):
+    import signal
+
+    from abtrain.trainer import Launch, Trainer
+
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # as the SLURM job's `trap "" USR1` leaves it
+    cfg = tiny_config("method=ddp", "steps=4", "eval_every=2", "checkpoint_every=0")
+    trainer = Trainer(cfg, out, Launch(rank, world, 0, 1, 0))
+    during = [
+        signal.getsignal(signal.SIGUSR1) == trainer._on_stop_signal for _ in trainer.evaluations()
+    ]
+    return during, signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+
+
+def test_a_run_gives_sigusr1_back_as_it_found_it(tmp_path):
+    """While it trains, SIGUSR1 asks for a stop at the next checkpoint; after, the launcher's
+    "ignore" is back. Left with our handler, Python's shutdown resets it to the default
+    action, which kills a rank that SLURM signals just as it stopped at its deadline."""
+    [(during, after)] = spawn(_borrowed_usr1, world=1, ranks_per_node=1, args=(tmp_path,))
+    assert during and all(during)
+    assert after
