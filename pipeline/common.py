@@ -14,6 +14,9 @@ from abtrain import config as abconfig
 
 PARAMS = Path("params.yaml")
 RUNS = Path("runs")
+# Each search's record (best.json, evaluations.jsonl): small, committed, and what the runs
+# train from, so a fresh clone trains the committed runs instead of a search that timing moves.
+SEARCHES = Path("results/search")
 
 
 def params() -> dict[str, Any]:

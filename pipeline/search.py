@@ -1,21 +1,34 @@
 """Stage `search@BACKEND`: the hyperparameter search under mpirun, in runs/search/BACKEND,
-on this machine or as one SLURM job (experiments.launcher).
+on this machine or as one SLURM job (experiments.launcher); then its record, best.json and
+evaluations.jsonl, in results/search/BACKEND.
 
-A search folder with the same settings is resumed (a killed attempt, or a larger budget).
-One with other settings (why the stage reruns) is moved aside to a timestamped sibling and
-the search starts afresh. A resume that fails fails the stage and leaves the folder as it is:
-no finished evaluation is ever deleted here.
+The record is committed with dvc.lock, so `dvc repro` on a fresh clone trains from the
+committed best instead of rerunning a search whose choice moves with timing (Propulate's
+results arrive asynchronously). DVC reruns the stage when its inputs change, or on
+`dvc repro --force --downstream search@BACKEND` (a rerun on purpose).
+
+An unfinished search folder with the same settings is resumed (a killed attempt, or a
+larger budget). A finished one (the stage reran: its code changed, or a rerun was asked
+for) or one with other settings is moved aside to a timestamped sibling and the search
+starts afresh. A resume that fails fails the stage and leaves the folder as it is: no
+finished evaluation is ever deleted here.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.common import RUNS, params
+from abtrain.checkpoint import atomic_write_text
+from pipeline.common import RUNS, SEARCHES, params
+from search import record
+
+Starter = Callable[[list[str]], int]  # launches the search with these extra arguments
 
 
 def differing(args: list[str], ranks: int) -> list[str] | None:
@@ -44,6 +57,26 @@ def move_aside(out: Path) -> Path:
     return backup
 
 
+def run_mpirun(ranks: int, args: list[str]) -> int:
+    """`python -m search ARGS` on `ranks` MPI ranks of this machine; its exit code."""
+    cmd = [str(Path(sys.executable).parent / "mpirun"), "-n", str(ranks), "--oversubscribe"]
+    cmd += ["--bind-to", "none", sys.executable, "-m", "mpi4py", "-m", "search", *args]
+    env = dict(os.environ)
+    if os.geteuid() == 0:  # Open MPI refuses root unless told
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return subprocess.run(cmd, env=env).returncode
+
+
+def publish(out: Path, dest: Path) -> None:
+    """The search's record: its best and one row per evaluation (a row evaluated again after
+    a resume once, its latest), each file written whole."""
+    dest.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(dest / "best.json", (out / "best.json").read_text())
+    rows = "".join(json.dumps(r) + "\n" for r in record.evaluations(out))
+    atomic_write_text(dest / record.EVALUATIONS, rows)
+    print(f"[pipeline] the search's record: {dest}", flush=True)
+
+
 def main(backend: str) -> int:
     p = params()
     out = (RUNS / "search" / backend).resolve()  # messages name the folder in full
@@ -54,29 +87,36 @@ def main(backend: str) -> int:
         def start(extra: list[str]) -> int:
             return run_search(p, args + extra, out)
     else:
-        cmd = [
-            str(Path(sys.executable).parent / "mpirun"),
-            "-n",
-            str(p["search"]["ranks"]),
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-            sys.executable,
-            "-m",
-            "mpi4py",
-            "-m",
-            "search",
-            *args,
-        ]
-        env = dict(os.environ)
-        if os.geteuid() == 0:  # Open MPI refuses root unless told
-            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
         def start(extra: list[str]) -> int:
-            return subprocess.run(cmd + extra, env=env).returncode
+            return run_mpirun(int(p["search"]["ranks"]), args + extra)
 
+    code = search(out, args, int(p["search"]["ranks"]), int(p["search"]["evaluations"]), start)
+    if code == 0:
+        publish(out, SEARCHES / backend)
+    return code
+
+
+def finished(out: Path, budget: int) -> bool:
+    try:
+        return (out / "best.json").exists() and len(record.evaluations(out)) >= budget
+    except record.SearchError:
+        return False  # the resume names the damage
+
+
+def search(out: Path, args: list[str], ranks: int, budget: int, start: Starter) -> int:
+    """Resume, or move aside and start afresh (see the module's docstring)."""
     if (out / "search.json").exists():
-        differ = differing(args, int(p["search"]["ranks"]))
+        differ = differing(args, ranks)
+        if differ == [] and finished(out, budget):
+            backup = move_aside(out)
+            print(
+                f"[pipeline] {out} holds a finished search with these settings, yet the stage "
+                f"reran (its code changed, or a rerun was asked for): moved it to {backup}, "
+                "starting afresh",
+                flush=True,
+            )
+            return start([])
         if not differ:
             code = start(["--resume"])
             if code != 0:

@@ -18,7 +18,7 @@ from typing import Any
 from abtrain import config as abconfig
 from abtrain.checkpoint import atomic_write_text
 from abtrain.launch import run_local
-from pipeline.common import PARAMS, RUNS, Run, params, provenance, resolve, runs
+from pipeline.common import PARAMS, RUNS, SEARCHES, Run, params, provenance, resolve, runs
 
 RESULTS, METRICS, PLOTS = Path("results"), Path("metrics"), Path("plots")
 
@@ -26,9 +26,12 @@ RESULTS, METRICS, PLOTS = Path("results"), Path("metrics"), Path("plots")
 def best_config(p: dict) -> dict | None:
     if not p["search"]["use_best"]:
         return None
-    path = RUNS / "search" / p["search"]["backend"] / "best.json"
+    path = SEARCHES / p["search"]["backend"] / "best.json"
     if not path.exists():
-        raise SystemExit(f"search.use_best is true but {path} does not exist: run the search stage")
+        raise SystemExit(
+            f"search.use_best is true but {path} does not exist: run the search stage "
+            f"(dvc repro search@{p['search']['backend']})"
+        )
     return json.loads(path.read_text())
 
 
