@@ -266,8 +266,13 @@ def report(
     search_best: bool = False,
     extra: tuple[str, ...] | list[str] = (),
 ) -> dict[str, Any]:
+    from pipeline.common import params
+    from pipeline.train import best_config
+
     found = collect(names, seeds, runs_dir)
     summary = summarize(found, names[0], names[1])
+    # which search result trained them: a study of another record is another configuration
+    best = best_config(params()) if search_best else None
     # the committed run is trained without the extra overrides: not the same quantity
     head = None if extra else headline(HEADLINE, names[1])
     data = dict(
@@ -278,6 +283,7 @@ def report(
         compared=names[1],
         seeds=list(seeds),
         search_best_values=search_best,
+        search_best=best["params"] if best else None,
         overrides_extra=["seed=S", "tracking.enabled=false", *extra],
         steps={n: next(iter(r.values()))["steps"] for n, r in found.items()},
         headline_diff_top1=head,
@@ -302,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--search-best",
         action="store_true",
-        help="train with the search's best values, as the pipeline does (runs/search/*/best.json)",
+        help="train with the search's best values, as the pipeline does (results/search/*/best.json)",
     )
     a = ap.parse_args(argv)
     names, seeds = tuple(a.runs), tuple(a.seeds)
