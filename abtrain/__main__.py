@@ -66,8 +66,11 @@ def smallest_world(cfg, ranks_per_node: int | None) -> tuple[int, int]:
     an A and a B group, of ab.group_size ranks or (group_size null) one node each."""
     from abtrain.config import AB_METHODS
 
-    if cfg.method not in AB_METHODS or cfg.method == "ab_nogroups":
+    if cfg.method not in AB_METHODS:
         return 1, 1
+    if cfg.method == "ab_nogroups":  # one group of the world, or groups of ab.group_size
+        size = cfg.ab.group_size or 1
+        return size, ranks_per_node or size
     if cfg.method == "ab_individual":
         return 2, ranks_per_node or 2
     if cfg.ab.group_size is None:

@@ -68,6 +68,9 @@ class ViTModel(_Model):
 class ResNetModel(_Model):
     name: Literal["resnet50"]
     dropout: float = Field(ge=0, lt=1)  # before the classifier (timm's drop_rate)
+    # γ = 0 in the last BatchNorm of every block, so each block starts as its shortcut
+    # (timm's resnet50 default, the authors' model; torchvision's layout has γ = 1)
+    zero_init_last: bool
 
 
 class VGGModel(_Model):
@@ -162,6 +165,10 @@ class ABConfig(_Section):
     phase_rule: Literal["algorithm1", "authors"]
     lr_rebound_steps: int = Field(ge=0)
     sigma_cutoff: float = Field(gt=0, lt=1)
+    # true: A = UΣ^½, B = Σ^½Vᵀ; false: the trained factor takes Σ (the authors' "no
+    # groups" at c3dbc10: A = U, B = ΣVᵀ), which only a method whose ranks all train the
+    # same factor admits (the sync averages A and B as they are)
+    split_sigma: bool
     sync_mode: Literal["with_stale", "only_learned"]
     group_size: int | None = Field(gt=0)  # None: the ranks of one node
     full_rank_layers: list[str] | None  # None: first and last weight layer
@@ -179,9 +186,12 @@ class DistConfig(_Section):
     backend: Literal["auto", "gloo", "nccl"]
     timeout_s: int = Field(gt=0)
     bucket_cap_mb: float = Field(gt=0)
-    # batch statistics over the phase's DDP group (abtrain.batchnorm), as the authors'
-    # ResNet-50 runs; false: each rank's own, as torchvision's BatchNorm
-    sync_batchnorm: bool
+    # BatchNorm's batch statistics (abtrain.batchnorm). local: each rank's own, as
+    # torchvision's BatchNorm. group: over the phase's DDP group with all-reduces, so an AB
+    # phase keeps its promise of no traffic across groups. world: as the authors' runs
+    # (torch's SyncBatchNorm over the world): the statistics all-gathered from every rank
+    # on every step, AB phases included, a cost that grows with the world
+    sync_batchnorm: Literal["local", "group", "world"]
 
 
 class Config(_Section):
@@ -207,6 +217,11 @@ class Config(_Section):
             raise ValueError("optim.min_lr must not exceed optim.lr")
         if self.method in AB_METHODS and self.ab.warmup_steps >= self.steps:
             raise ValueError("ab.warmup_steps must be smaller than steps, or no AB phase runs")
+        if not self.ab.split_sigma and self.method in AB_METHODS and self.method != "ab_nogroups":
+            raise ValueError(
+                f"ab.split_sigma=false needs every rank to train the same factor "
+                f"(ab_nogroups); {self.method} averages A and B trained in different forms"
+            )
         return self
 
     def dump(self) -> dict[str, Any]:
@@ -295,8 +310,16 @@ def check_world(cfg: Config, world_size: int, ranks_per_node: int) -> int:
     """
     if cfg.method not in AB_METHODS:
         return world_size
-    if cfg.method == "ab_nogroups":
-        return world_size
+    if cfg.method == "ab_nogroups":  # one group, or groups of ab.group_size, all training B
+        size = cfg.ab.group_size or world_size
+        if world_size % size:
+            raise ConfigError(f"ab.group_size={size} does not divide the world size {world_size}")
+        if size < world_size and cfg.ab.sync_mode != "with_stale":
+            raise ConfigError(
+                "ab_nogroups with ab.group_size below the world averages B over the groups: "
+                "it needs ab.sync_mode=with_stale (no A ranks to share A from)"
+            )
+        return size
     size = 1 if cfg.method == "ab_individual" else (cfg.ab.group_size or ranks_per_node)
     key = "ab.group_size" if cfg.ab.group_size else "ranks per node (default ab.group_size)"
     if world_size % size:

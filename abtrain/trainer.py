@@ -142,7 +142,7 @@ class Trainer:
         self.task = make_task(cfg)
         self.sampler = StepSampler(len(self.task), cfg.batch_size, self.rank, self.world, cfg.seed)
         self.model = models.build(cfg, self.task.classes, self.task.features).to(self.device)
-        if cfg.dist.sync_batchnorm:
+        if cfg.dist.sync_batchnorm != "local":
             batchnorm.convert(self.model)
         self.layers: dict[str, lowrank.LowRankLayer] = {}
         self.groups: groups.ABGroups | None = None
@@ -316,7 +316,10 @@ class Trainer:
 
     # ---------------------------------------------------------------- the AB pieces
     def _factorize(self) -> None:
-        ranks = sync.factorize(self.layers, self.cfg.ab.sigma_cutoff, self.groups.role, self.ledger)
+        ab = self.cfg.ab
+        ranks = sync.factorize(
+            self.layers, ab.sigma_cutoff, self.groups.role, self.ledger, ab.split_sigma
+        )
         ratio = lowrank.compression_ratio(self.model)
         self.state.factorizations.append(
             dict(step=self.state.step, compression_ratio=ratio, ranks=ranks)
@@ -364,7 +367,7 @@ class Trainer:
             state = [p for p in self.model.parameters()] + list(self.model.buffers())
             size = sum(t.numel() * t.element_size() for t in state)
             self.ledger.record("broadcast", size, group, root=ledger.group_ranks(group)[0])
-        batchnorm.attach(self.model, group, self.ledger)
+        batchnorm.attach(self.model, group, self.ledger, self.cfg.dist.sync_batchnorm)
         self.ddp = DistributedDataParallel(
             self.model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,

@@ -50,6 +50,25 @@ def test_warmup_longer_than_the_run_is_refused():
         tiny_config("steps=10", "ab.warmup_steps=10")
 
 
+def test_only_no_groups_takes_the_authors_split_of_sigma():
+    assert not tiny_config("method=ab_nogroups", "ab.split_sigma=false").ab.split_sigma
+    with pytest.raises(config.ConfigError, match="ab.split_sigma=false needs every rank"):
+        tiny_config("method=ab", "ab.split_sigma=false")
+
+
+def test_no_groups_in_node_groups_forms_b_groups_of_that_size():
+    """The authors' committed VGG16 config: only-b with group_size 4."""
+    from abtrain import groups
+
+    cfg = tiny_config("method=ab_nogroups", "ab.group_size=2")
+    assert config.check_world(cfg, 4, 2) == 2
+    assert groups.plan(4, 2, all_train_b=True) == [([0, 1], "b"), ([2, 3], "b")]
+    with pytest.raises(config.ConfigError, match="needs ab.sync_mode=with_stale"):
+        config.check_world(
+            tiny_config("method=ab_nogroups", "ab.group_size=2", "ab.sync_mode=only_learned"), 4, 2
+        )
+
+
 def test_world_that_cannot_form_the_groups_is_refused():
     cfg = tiny_config("ab.group_size=3")
     with pytest.raises(config.ConfigError, match="group_size=3 does not divide the world size 4"):
