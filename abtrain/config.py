@@ -7,6 +7,7 @@ happens before any process group exists, and every error names the offending key
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -241,18 +242,51 @@ def _format(err: ValidationError, raw: dict[str, Any]) -> str:
     return "invalid config:\n" + "\n".join(lines)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (plain YAML keeps the last, so
+    `lr: 0.002` then `lr: 0.2` would train at 0.2 without a word)."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise ConfigError(
+                f"{key_node.start_mark.name}:{line}: key {key!r} is given twice in one mapping "
+                f"(first at line {seen[key]}); remove one"
+            )
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+# YAML 1.1 reads 1e30 (no dot) as a string; as a value here it can only mean the number
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file, refusing duplicate keys (ConfigError naming the file, line and key)."""
+    path = Path(path)
+    with open(path) as f:
+        return yaml.load(f, Loader=_StrictLoader)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`a.b=value` -> (['a', 'b'], value); the value is read as YAML (so 3, 0.1, true, [x])."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {text!r} is not of the form key=value")
     try:
-        value = yaml.safe_load(raw) if raw else ""
+        value = yaml.load(raw, Loader=_StrictLoader) if raw else ""
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(
             f"override {text!r}: the value of {key} is not valid YAML ({problem})"
         ) from None
+    if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+        value = float(value)
     return key.split("."), value
 
 
@@ -288,7 +322,7 @@ def load(path: str | Path, overrides: list[str] = (), section: str = "train") ->
     """Read a config file. A file with a top-level `section` (params.yaml) is read from it."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = read_yaml(path)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except yaml.YAMLError as err:

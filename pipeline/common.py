@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from abtrain import config as abconfig
 
 PARAMS = Path("params.yaml")
@@ -20,7 +18,7 @@ SEARCHES = Path("results/search")
 
 
 def params() -> dict[str, Any]:
-    return yaml.safe_load(PARAMS.read_text())
+    return abconfig.read_yaml(PARAMS)
 
 
 @dataclass(frozen=True)

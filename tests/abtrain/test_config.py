@@ -178,3 +178,17 @@ def test_cli_check_refuses_a_batch_larger_than_the_data(tmp_path):
     cifar = "data.name=cifar10", "data.source=null", "data.train_per_class=10"
     run = cli("check", "--config", "params.yaml", *sets(*cifar, "batch_size=64"))
     assert run.returncode == 2 and "100 training samples" in run.stderr, run.stderr
+
+
+def test_a_key_given_twice_in_the_params_file_is_refused_naming_its_lines(tmp_path):
+    text = PARAMS.read_text().replace("    lr: 0.002\n", "    lr: 0.002\n    lr: 0.2\n", 1)
+    assert text != PARAMS.read_text()
+    (tmp_path / "params.yaml").write_text(text)
+    run = cli("check", "--config", str(tmp_path / "params.yaml"))
+    assert run.returncode == 2
+    assert "key 'lr' is given twice in one mapping" in run.stderr and ".yaml:" in run.stderr
+
+
+def test_an_exponent_without_a_dot_is_the_number_it_means():
+    assert tiny_config("optim.lr=1e30").optim.lr == 1e30  # YAML 1.1 alone reads a string
+    assert tiny_config("optim.min_lr=1e-6").optim.min_lr == 1e-6

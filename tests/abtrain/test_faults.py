@@ -147,3 +147,24 @@ def test_a_rank_that_dies_is_restarted_by_torchrun_and_the_run_ends_as_an_uninte
     assert a["train_loss_final"] == b["train_loss_final"]
     assert [e["val_top1"] for e in a["evals"]] == [e["val_top1"] for e in b["evals"]]
     assert a["traffic"]["inter_node_bytes"] == b["traffic"]["inter_node_bytes"]
+
+
+@pytest.mark.parametrize("method", ["ddp", "ab"])
+def test_a_diverging_run_stops_at_the_step_naming_it_before_a_checkpoint_of_it(tmp_path, method):
+    """lr 1e30 (read as the number it is): step 0's update blows the weights up and step 1's
+    loss is not finite. The run stops there on every rank, naming the step, and the only
+    checkpoint is the whole one before it (ab: the warm-up's)."""
+    out = tmp_path / "run"
+    proc = launch(
+        out, f"method={method}", "optim.lr=1e30", "optim.lr_warmup_steps=0",
+        "checkpoint_every=1", "keep_checkpoints=5", "tracking.enabled=false",
+        nnodes=2, nproc=1,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "TrainingDiverged: step 1 (warmup phase)" in proc.stderr or (
+        method == "ddp" and "TrainingDiverged: step 1 (full phase)" in proc.stderr
+    ), proc.stderr[-3000:]
+    assert "not finite" in proc.stderr
+    assert not (out / "summary.json").exists()
+    saved = sorted(int(p.name.split("_")[-1]) for p in (out / "checkpoints").glob("step_*"))
+    assert saved == [1], saved  # nothing of step 1 or later
