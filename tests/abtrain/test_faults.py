@@ -101,7 +101,7 @@ def test_a_truncated_checkpoint_is_named_and_the_one_before_it_used(killed):
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])  # a crash mid-copy
     resumed = launch(killed, *DDP, nnodes=1, nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"{bad} is unreadable" in resumed.stderr
+    assert f"{bad} is damaged" in resumed.stderr  # its recorded sha256 tells first
     assert "resumed from step 20" in resumed.stdout
 
 
@@ -168,3 +168,18 @@ def test_a_diverging_run_stops_at_the_step_naming_it_before_a_checkpoint_of_it(t
     assert not (out / "summary.json").exists()
     saved = sorted(int(p.name.split("_")[-1]) for p in (out / "checkpoints").glob("step_*"))
     assert saved == [1], saved  # nothing of step 1 or later
+
+
+def test_a_checkpoint_damaged_on_disk_is_named_and_the_one_before_it_used(killed):
+    """64 bytes flipped in the middle of the newest replica file: same size, meta.json
+    untouched, and torch.load would read it without a word. The sha256 recorded when the
+    checkpoint was published tells, and the resume falls back to the newest whole one."""
+    bad = checkpoint.step_dir(killed / "checkpoints", 30) / "replica_0.pt"
+    data = bytearray(bad.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    bad.write_bytes(bytes(data))
+    resumed = launch(killed, *DDP, nnodes=1, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{bad} is damaged: its sha256 differs" in resumed.stderr
+    assert "resumed from step 20" in resumed.stdout
