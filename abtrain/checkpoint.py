@@ -10,6 +10,7 @@ after every rank has finished, so a run killed at any moment resumes from a whol
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -22,15 +23,27 @@ from typing import Any
 import torch
 
 
+def write_failed(err: OSError, path: Path) -> OSError:
+    """The same error, naming the file and the cause (a full disk: ENOSPC)."""
+    code = errno.errorcode.get(err.errno or 0, "")
+    why = f"{err.strerror or err}{f' ({code})' if code else ''}"
+    return OSError(err.errno, f"could not write {path}: {why}")
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write via a temporary file, fsync and rename: a reader never sees half a file."""
+    """Write via a temporary file, fsync and rename: a reader never sees half a file, and
+    a write that fails leaves no temporary file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise write_failed(err, path) from None
     os.replace(tmp, path)
 
 
@@ -40,24 +53,40 @@ class _Hashing(io.RawIOBase):
 
     def __init__(self, f: io.BufferedWriter) -> None:
         self.f, self.sha = f, hashlib.sha256()
+        self.error: OSError | None = None  # torch reports a failed write as its own error
 
     def writable(self) -> bool:
         return True
 
     def write(self, b) -> int:
         self.sha.update(b)
-        return self.f.write(b)
+        try:
+            return self.f.write(b)
+        except OSError as err:
+            self.error = err
+            raise
 
 
 def atomic_save(obj: Any, path: Path) -> str:
-    """torch.save via a temporary file, fsync and rename; returns the file's sha256."""
+    """torch.save via a temporary file, fsync and rename; returns the file's sha256. A write
+    that fails (a full disk) leaves no temporary file and names the file and the cause."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        out = _Hashing(f)
-        torch.save(obj, out)
-        f.flush()
-        os.fsync(f.fileno())
+    out = None
+    try:
+        with open(tmp, "wb") as f:
+            out = _Hashing(f)
+            torch.save(obj, out)
+            f.flush()
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as err:
+        tmp.unlink(missing_ok=True)
+        cause = out.error if out is not None and out.error is not None else err
+        if not isinstance(cause, OSError):  # torch's own failure, not the disk's
+            raise CheckpointError(f"could not write {path}: {cause}") from None
+        raise CheckpointError(
+            f"{write_failed(cause, path).strerror}; the checkpoints before it are whole"
+        ) from None
     os.replace(tmp, path)
     return out.sha.hexdigest()
 
@@ -174,12 +203,15 @@ def append_lines(path: Path, lines: list[str], header: str | None = None) -> Non
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
-    with open(path, "a") as f:
-        if new and header:
-            f.write(header + "\n")
-        f.write("".join(line + "\n" for line in lines))
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "a") as f:
+            if new and header:
+                f.write(header + "\n")
+            f.write("".join(line + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:  # a resume cuts a torn last line (cut_after)
+        raise write_failed(err, path) from None
 
 
 def csv_step(line: str) -> int | None:

@@ -3,6 +3,7 @@
 into one folder. Every case runs the real launcher and torchrun."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,3 +184,55 @@ def test_a_checkpoint_damaged_on_disk_is_named_and_the_one_before_it_used(killed
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{bad} is damaged: its sha256 differs" in resumed.stderr
     assert "resumed from step 20" in resumed.stdout
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem of a size we choose (tmpfs), where this machine lets us mount one."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+
+    def mount(size: int, again: bool = False) -> None:
+        opts = f"{'remount,' if again else ''}size={size}"
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)])
+        if proc.returncode:
+            pytest.skip("no tmpfs can be mounted here (needs root)")
+
+    yield mnt, mount
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_disk_at_a_checkpoint_names_the_file_leaves_no_temporary_and_resumes(
+    tmp_path, small_disk
+):
+    """The disk fills while a checkpoint is written: the run stops with one line
+    naming ENOSPC and the file, leaves no temporary file, keeps the ones before it whole,
+    and resumes from the newest once there is room."""
+    reference = launch(tmp_path / "ref", *DDP, nnodes=1, nproc=2)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    ckpts = tmp_path / "ref" / "checkpoints"
+    one = sum(p.stat().st_size for p in checkpoint.step_dir(ckpts, 40).iterdir())
+    rest = sum(
+        p.stat().st_size
+        for p in (tmp_path / "ref").rglob("*")
+        if p.is_file() and "checkpoints" not in p.parts
+    )
+    mnt, mount = small_disk
+    mount(int(1.5 * one + rest + 64 * 1024))  # room for one checkpoint, not for two
+    out = mnt / "run"
+    full = launch(out, *DDP, nnodes=1, nproc=2)
+    assert full.returncode != 0
+    assert "No space left on device (ENOSPC)" in full.stderr, full.stderr[-3000:]
+    # each rank names the file it could not write: its replica's, or its own
+    failed = re.findall(r"could not write (\S+)/step_(\d+)/\S+: No space left", full.stderr)
+    assert failed, full.stderr[-3000:]
+    step = int(failed[0][1])
+    assert "enforce fail" not in full.stderr  # torch's own words stay out of sight
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]  # nothing half-written left
+    before = checkpoint.resume_candidates(out / "checkpoints")
+    assert before and max(before) < step  # the checkpoints before it are whole
+    mount(64 << 20, again=True)  # room again
+    resumed = launch(out, *DDP, nnodes=1, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {max(before)}" in resumed.stdout
+    assert summary(out)["steps"] == 40
