@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -50,8 +51,11 @@ def main(argv: list[str] | None = None) -> int:
             return _prepare(cfg)
         if args.command == "check":
             return _check(cfg, args.config, args.world_size, args.ranks_per_node)
+        from abtrain.launch import die_with_parent
         from abtrain.trainer import Launch
 
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun: go when it goes
+            die_with_parent(signal.SIGKILL)
         launch = Launch.from_env()
         check_world(cfg, launch.world_size, launch.ranks_per_node)
         check_batch(cfg, launch.world_size)

@@ -236,3 +236,52 @@ def test_a_full_disk_at_a_checkpoint_names_the_file_leaves_no_temporary_and_resu
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from step {max(before)}" in resumed.stdout
     assert summary(out)["steps"] == 40
+
+
+def gone(out: Path, timeout: float) -> list[int]:
+    """Waits for every process of the run to end; returns those still alive."""
+    deadline = time.monotonic() + timeout
+    while processes_of(out) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return processes_of(out)
+
+
+def test_a_launcher_killed_outright_leaves_no_node_or_rank_training(tmp_path):
+    """`kill -9` of the launcher (the OOM killer, a lost login shell): it can pass nothing
+    on, yet every torchrun and rank stops, and the checkpoint stays for a resume."""
+    first = start(tmp_path, *DDP, "steps=100000", "checkpoint_every=10")
+    try:
+        wait_for(tmp_path / "checkpoints" / "LATEST", first)
+        assert len(processes_of(tmp_path)) >= 5  # the launcher, 2 torchruns, 2 ranks
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+        assert gone(tmp_path, 60) == []
+        assert checkpoint.resume_candidates(tmp_path / "checkpoints")
+    finally:
+        for pid in processes_of(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_nodes_torchrun_killed_outright_ends_the_run_at_once_saying_so(tmp_path):
+    """`kill -9` of one node's torchrun: its rank goes with it, the launcher stops the
+    other node at once and returns 128 + 9, naming the node and the signal."""
+    first = start(tmp_path, *DDP, "steps=100000", "checkpoint_every=10")
+    try:
+        wait_for(tmp_path / "checkpoints" / "LATEST", first)
+        node1 = [
+            pid
+            for pid in processes_of(tmp_path)
+            if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            and b"--node-rank=1" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        assert len(node1) == 1
+        t0 = time.monotonic()
+        os.kill(node1[0], signal.SIGKILL)
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 128 + signal.SIGKILL
+        assert "node 1's torchrun was killed by SIGKILL" in err.decode()
+        assert time.monotonic() - t0 < 45  # not the peers' collective timeout and more
+        assert gone(tmp_path, 30) == []
+    finally:
+        for pid in processes_of(tmp_path):
+            os.kill(pid, signal.SIGKILL)
