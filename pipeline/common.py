@@ -131,9 +131,8 @@ def resolve(
 
     Every run sees the same number of samples (experiments.epochs) unless it gives its own
     `steps`; the schedule is the same fraction of each run's steps; the search's best values
-    are applied for the keys `search.use_best` names (they replace `train`'s and
-    experiments.schedule's); then a
-    run's own `set` (the authors' per-run schedules and hyperparameters in the paper
+    for the keys `search.use_best` names (they replace `train`'s and experiments.schedule's);
+    then a run's own `set` (the authors' per-run schedules and hyperparameters in the paper
     profile); then `experiments.set`, the experiment's explicit values, which win over all.
     """
     e, base = p["experiments"], base_config(p, run)
