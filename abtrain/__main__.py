@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -50,8 +51,11 @@ def main(argv: list[str] | None = None) -> int:
             return _prepare(cfg)
         if args.command == "check":
             return _check(cfg, args.config, args.world_size, args.ranks_per_node)
+        from abtrain.launch import die_with_parent
         from abtrain.trainer import Launch
 
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun: go when it goes
+            die_with_parent(signal.SIGKILL)
         launch = Launch.from_env()
         check_world(cfg, launch.world_size, launch.ranks_per_node)
         check_batch(cfg, launch.world_size)
@@ -66,8 +70,11 @@ def smallest_world(cfg, ranks_per_node: int | None) -> tuple[int, int]:
     an A and a B group, of ab.group_size ranks or (group_size null) one node each."""
     from abtrain.config import AB_METHODS
 
-    if cfg.method not in AB_METHODS or cfg.method == "ab_nogroups":
+    if cfg.method not in AB_METHODS:
         return 1, 1
+    if cfg.method == "ab_nogroups":  # one group of the world, or groups of ab.group_size
+        size = cfg.ab.group_size or 1
+        return size, ranks_per_node or size
     if cfg.method == "ab_individual":
         return 2, ranks_per_node or 2
     if cfg.ab.group_size is None:

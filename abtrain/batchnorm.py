@@ -6,8 +6,12 @@ all-reduce forward and the gradients of those sums with one all-reduce backward,
 the ledger: the same statistics as one process with the group's whole batch, and every
 rank of the group ends each step with the same running statistics.
 
-The group is the one DDP spans in the phase (`attach`): the world in full-rank phases, the
-rank's A/B group in AB phases, whose promise is to train without talking across groups.
+`dist.sync_batchnorm: group`: the group is the one DDP spans in the phase (`attach`): the
+world in full-rank phases, the rank's A/B group in AB phases, whose promise is to train
+without talking across groups. `world`: the authors' runs (torch's SyncBatchNorm over the
+world group, AB phases included) with torch's collectives: each rank's 2C+1 statistics
+all-gathered forward, the 2C gradients of the sums all-reduced backward. Its cost grows
+with the world (every rank receives every rank's statistics), and the ledger counts it.
 """
 
 from __future__ import annotations
@@ -37,11 +41,28 @@ class _SumOverGroup(torch.autograd.Function):
         return grad, None, None
 
 
+class _GatherOverGroup(torch.autograd.Function):
+    """All-gather forward and sum in rank order (the same sum on every rank); backward,
+    the gradients of the sums all-reduced, less the count's, which has none."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, group: dist.ProcessGroup | None, ledger: Ledger) -> Tensor:
+        ctx.group, ctx.ledger = group, ledger
+        return torch.stack(ledger.all_gather(t, group)).sum(0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        sums = grad[:-1].clone()
+        ctx.ledger.all_reduce(sums, ctx.group)
+        return torch.cat([sums, grad.new_zeros(1)]), None, None
+
+
 class SyncedBatchNorm2d(nn.BatchNorm2d):
     """BatchNorm2d whose training statistics span a process group (same state_dict)."""
 
     group: dist.ProcessGroup | None = None
     ledger: Ledger | None = None
+    gather: bool = False  # torch's collectives (all-gather forward), not two all-reduces
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.ledger is None:
@@ -55,7 +76,9 @@ class SyncedBatchNorm2d(nn.BatchNorm2d):
                 x32.new_full((1,), x.numel() // c),
             ]
         )
-        total = _SumOverGroup.apply(local, self.group, self.ledger)
+        total = (_GatherOverGroup if self.gather else _SumOverGroup).apply(
+            local, self.group, self.ledger
+        )
         n = total[2 * c].detach()
         mean = total[:c] / n
         # biased, as batch norm normalises; rounding can take E[x²] - mean² just below 0
@@ -88,8 +111,10 @@ def convert(model: nn.Module) -> int:
     return count
 
 
-def attach(model: nn.Module, group: dist.ProcessGroup | None, ledger: Ledger) -> None:
-    """Make every synced batch norm of `model` span `group`, counted by `ledger`."""
+def attach(model: nn.Module, group: dist.ProcessGroup | None, ledger: Ledger, mode: str) -> None:
+    """Make every synced batch norm of `model` span the phase's `group` (mode 'group') or
+    the world with torch's collectives (mode 'world'), counted by `ledger`."""
     for m in model.modules():
         if isinstance(m, SyncedBatchNorm2d):
-            m.group, m.ledger = group, ledger
+            m.ledger, m.gather = ledger, mode == "world"
+            m.group = None if m.gather else group

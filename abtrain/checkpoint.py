@@ -10,6 +10,9 @@ after every rank has finished, so a run killed at any moment resumes from a whol
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 import json
 import os
 import shutil
@@ -20,26 +23,72 @@ from typing import Any
 import torch
 
 
+def write_failed(err: OSError, path: Path) -> OSError:
+    """The same error, naming the file and the cause (a full disk: ENOSPC)."""
+    code = errno.errorcode.get(err.errno or 0, "")
+    why = f"{err.strerror or err}{f' ({code})' if code else ''}"
+    return OSError(err.errno, f"could not write {path}: {why}")
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write via a temporary file, fsync and rename: a reader never sees half a file."""
+    """Write via a temporary file, fsync and rename: a reader never sees half a file, and
+    a write that fails leaves no temporary file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise write_failed(err, path) from None
     os.replace(tmp, path)
 
 
-def atomic_save(obj: Any, path: Path) -> None:
+class _Hashing(io.RawIOBase):
+    """A writable file that hashes what passes through it: the digest of the bytes on
+    disk without reading them back."""
+
+    def __init__(self, f: io.BufferedWriter) -> None:
+        self.f, self.sha = f, hashlib.sha256()
+        self.error: OSError | None = None  # torch reports a failed write as its own error
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.sha.update(b)
+        try:
+            return self.f.write(b)
+        except OSError as err:
+            self.error = err
+            raise
+
+
+def atomic_save(obj: Any, path: Path) -> str:
+    """torch.save via a temporary file, fsync and rename; returns the file's sha256. A write
+    that fails (a full disk) leaves no temporary file and names the file and the cause."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+    out = None
+    try:
+        with open(tmp, "wb") as f:
+            out = _Hashing(f)
+            torch.save(obj, out)
+            f.flush()
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as err:
+        tmp.unlink(missing_ok=True)
+        cause = out.error if out is not None and out.error is not None else err
+        if not isinstance(cause, OSError):  # torch's own failure, not the disk's
+            raise CheckpointError(f"could not write {path}: {cause}") from None
+        raise CheckpointError(
+            f"{write_failed(cause, path).strerror}; the checkpoints before it are whole"
+        ) from None
     os.replace(tmp, path)
+    return out.sha.hexdigest()
 
 
 COMPLETE = "meta.json"  # in a step folder: every rank saved it; world and config
@@ -49,20 +98,31 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
 
+SUMS = ".sha256"  # beside each file, its digest as written; meta.json gathers them
+
+
 def save(root: Path, step: int, rank: int, writer: int, shared: dict, own: dict) -> None:
     """This rank's part of a checkpoint; `writer` is the first rank of its replica."""
     folder = step_dir(root, step)
+    files = {f"rank_{rank}.pt": {**own, "replica": writer}}
     if rank == writer:
-        atomic_save(shared, folder / f"replica_{writer}.pt")
-    atomic_save({**own, "replica": writer}, folder / f"rank_{rank}.pt")
+        files[f"replica_{writer}.pt"] = shared
+    for name, obj in files.items():
+        atomic_write_text(folder / (name + SUMS), atomic_save(obj, folder / name))
 
 
 def publish(root: Path, step: int, keep: int, meta: dict[str, Any]) -> None:
     """Rank 0, once every rank has saved `step`: mark it whole (with `meta`: who wrote it,
-    under which config), make it the one to resume from, and drop the older ones beyond
-    the `keep` newest whole ones. Folders of later steps (a run restarted from an earlier
-    checkpoint) are left to be overwritten."""
-    atomic_write_text(step_dir(root, step) / COMPLETE, json.dumps({"step": step, **meta}))
+    under which config, and every file's sha256, so a resume can tell a file damaged on
+    disk since), make it the one to resume from, and drop the older ones beyond the `keep`
+    newest whole ones. Folders of later steps (a run restarted from an earlier checkpoint)
+    are left to be overwritten."""
+    folder = step_dir(root, step)
+    sidecars = sorted(folder.glob("*" + SUMS))
+    sums = {f.name.removesuffix(SUMS): f.read_text() for f in sidecars}
+    atomic_write_text(folder / COMPLETE, json.dumps({"step": step, **meta, "sha256": sums}))
+    for f in sidecars:  # gathered: meta.json now holds them
+        f.unlink()
     atomic_write_text(root / "LATEST", f"{step}\n")
     kept = set([s for s in whole_steps(root) if s <= step][-keep:])
     for folder, s in _step_dirs(root):
@@ -99,9 +159,11 @@ def _step_dirs(root: Path) -> list[tuple[Path, int]]:
 
 
 def load(root: Path, step: int, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(this rank's own state, its replica's shared state) of the checkpoint at `step`."""
-    own = _load(step_dir(root, step) / f"rank_{rank}.pt")
-    shared = _load(step_dir(root, step) / f"replica_{own['replica']}.pt")
+    """(this rank's own state, its replica's shared state) of the checkpoint at `step`,
+    each file checked against the sha256 recorded when the checkpoint was published."""
+    sums = meta(root, step).get("sha256", {})
+    own = _load(step_dir(root, step) / f"rank_{rank}.pt", sums)
+    shared = _load(step_dir(root, step) / f"replica_{own['replica']}.pt", sums)
     return own, shared
 
 
@@ -115,14 +177,22 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is missing or unreadable; the message names it."""
 
 
-def _load(path: Path) -> dict[str, Any]:
+def _load(path: Path, sums: dict[str, str]) -> dict[str, Any]:
     if not path.exists():
         raise CheckpointError(
             f"{path} is missing: the checkpoint was written by a different world size "
             "or has been removed"
         )
+    data = path.read_bytes()
+    want = sums.get(path.name)
+    if want is not None and hashlib.sha256(data).hexdigest() != want:
+        # torch.load reads damaged tensor bytes without a word
+        raise CheckpointError(
+            f"{path} is damaged: its sha256 differs from the one recorded when the "
+            "checkpoint was published"
+        )
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:  # truncated, or not a checkpoint at all
         raise CheckpointError(f"{path} is unreadable ({type(err).__name__}: {err})") from None
 
@@ -133,12 +203,15 @@ def append_lines(path: Path, lines: list[str], header: str | None = None) -> Non
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
-    with open(path, "a") as f:
-        if new and header:
-            f.write(header + "\n")
-        f.write("".join(line + "\n" for line in lines))
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "a") as f:
+            if new and header:
+                f.write(header + "\n")
+            f.write("".join(line + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:  # a resume cuts a torn last line (cut_after)
+        raise write_failed(err, path) from None
 
 
 def csv_step(line: str) -> int | None:

@@ -7,6 +7,7 @@ happens before any process group exists, and every error names the offending key
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -68,6 +69,9 @@ class ViTModel(_Model):
 class ResNetModel(_Model):
     name: Literal["resnet50"]
     dropout: float = Field(ge=0, lt=1)  # before the classifier (timm's drop_rate)
+    # γ = 0 in the last BatchNorm of every block, so each block starts as its shortcut
+    # (timm's resnet50 default, the authors' model; torchvision's layout has γ = 1)
+    zero_init_last: bool
 
 
 class VGGModel(_Model):
@@ -162,6 +166,10 @@ class ABConfig(_Section):
     phase_rule: Literal["algorithm1", "authors"]
     lr_rebound_steps: int = Field(ge=0)
     sigma_cutoff: float = Field(gt=0, lt=1)
+    # true: A = UΣ^½, B = Σ^½Vᵀ; false: the trained factor takes Σ (the authors' "no
+    # groups" at c3dbc10: A = U, B = ΣVᵀ), which only a method whose ranks all train the
+    # same factor admits (the sync averages A and B as they are)
+    split_sigma: bool
     sync_mode: Literal["with_stale", "only_learned"]
     group_size: int | None = Field(gt=0)  # None: the ranks of one node
     full_rank_layers: list[str] | None  # None: first and last weight layer
@@ -179,9 +187,12 @@ class DistConfig(_Section):
     backend: Literal["auto", "gloo", "nccl"]
     timeout_s: int = Field(gt=0)
     bucket_cap_mb: float = Field(gt=0)
-    # batch statistics over the phase's DDP group (abtrain.batchnorm), as the authors'
-    # ResNet-50 runs; false: each rank's own, as torchvision's BatchNorm
-    sync_batchnorm: bool
+    # BatchNorm's batch statistics (abtrain.batchnorm). local: each rank's own, as
+    # torchvision's BatchNorm. group: over the phase's DDP group with all-reduces, so an AB
+    # phase keeps its promise of no traffic across groups. world: as the authors' runs
+    # (torch's SyncBatchNorm over the world): the statistics all-gathered from every rank
+    # on every step, AB phases included, a cost that grows with the world
+    sync_batchnorm: Literal["local", "group", "world"]
 
 
 class Config(_Section):
@@ -207,6 +218,11 @@ class Config(_Section):
             raise ValueError("optim.min_lr must not exceed optim.lr")
         if self.method in AB_METHODS and self.ab.warmup_steps >= self.steps:
             raise ValueError("ab.warmup_steps must be smaller than steps, or no AB phase runs")
+        if not self.ab.split_sigma and self.method in AB_METHODS and self.method != "ab_nogroups":
+            raise ValueError(
+                f"ab.split_sigma=false needs every rank to train the same factor "
+                f"(ab_nogroups); {self.method} averages A and B trained in different forms"
+            )
         return self
 
     def dump(self) -> dict[str, Any]:
@@ -226,18 +242,51 @@ def _format(err: ValidationError, raw: dict[str, Any]) -> str:
     return "invalid config:\n" + "\n".join(lines)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (plain YAML keeps the last, so
+    `lr: 0.002` then `lr: 0.2` would train at 0.2 without a word)."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise ConfigError(
+                f"{key_node.start_mark.name}:{line}: key {key!r} is given twice in one mapping "
+                f"(first at line {seen[key]}); remove one"
+            )
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+# YAML 1.1 reads 1e30 (no dot) as a string; as a value here it can only mean the number
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file, refusing duplicate keys (ConfigError naming the file, line and key)."""
+    path = Path(path)
+    with open(path) as f:
+        return yaml.load(f, Loader=_StrictLoader)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`a.b=value` -> (['a', 'b'], value); the value is read as YAML (so 3, 0.1, true, [x])."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {text!r} is not of the form key=value")
     try:
-        value = yaml.safe_load(raw) if raw else ""
+        value = yaml.load(raw, Loader=_StrictLoader) if raw else ""
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(
             f"override {text!r}: the value of {key} is not valid YAML ({problem})"
         ) from None
+    if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+        value = float(value)
     return key.split("."), value
 
 
@@ -273,7 +322,7 @@ def load(path: str | Path, overrides: list[str] = (), section: str = "train") ->
     """Read a config file. A file with a top-level `section` (params.yaml) is read from it."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = read_yaml(path)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except yaml.YAMLError as err:
@@ -295,8 +344,16 @@ def check_world(cfg: Config, world_size: int, ranks_per_node: int) -> int:
     """
     if cfg.method not in AB_METHODS:
         return world_size
-    if cfg.method == "ab_nogroups":
-        return world_size
+    if cfg.method == "ab_nogroups":  # one group, or groups of ab.group_size, all training B
+        size = cfg.ab.group_size or world_size
+        if world_size % size:
+            raise ConfigError(f"ab.group_size={size} does not divide the world size {world_size}")
+        if size < world_size and cfg.ab.sync_mode != "with_stale":
+            raise ConfigError(
+                "ab_nogroups with ab.group_size below the world averages B over the groups: "
+                "it needs ab.sync_mode=with_stale (no A ranks to share A from)"
+            )
+        return size
     size = 1 if cfg.method == "ab_individual" else (cfg.ab.group_size or ranks_per_node)
     key = "ab.group_size" if cfg.ab.group_size else "ranks per node (default ab.group_size)"
     if world_size % size:

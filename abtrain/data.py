@@ -31,6 +31,7 @@ import json
 import math
 import os
 import pickle
+import re
 import shutil
 import sys
 import tarfile
@@ -465,6 +466,7 @@ def prepare(d: ImageData) -> dict[str, Any]:
     meta = _prepared_meta(out)
     if meta is not None and meta.get("config") == fingerprint(d):
         return meta
+    _clear_leftovers(out)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -477,6 +479,22 @@ def prepare(d: ImageData) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return meta
+
+
+def _clear_leftovers(out: Path) -> None:
+    """The temporary folders of a prepare that was killed (`.NAME.tmpPID`, `.NAME.oldPID`):
+    removed once no process has that pid. A live one may be another prepare at work."""
+    for folder in out.parent.glob(f".{out.name}.*"):
+        m = re.fullmatch(rf"\.{re.escape(out.name)}\.(?:tmp|old)(\d+)", folder.name)
+        if m is None or not folder.is_dir():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            print(f"[prepare] removing {folder}: left by a prepare that was stopped", flush=True)
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:
+            pass  # another user's live process
 
 
 def _replace(out: Path, new: Path) -> None:
@@ -544,7 +562,7 @@ def _prepare_into(d: ImageData, tmp: Path) -> dict[str, Any]:
                 x = _decode_all(tree, members, d.image_size, split)
                 torch.save(dict(x=x, y=y), tmp / f"{split}.pt")
             else:
-                _verify_and_index(tree, members, y, tmp, split)
+                _verify_and_index(tree, members, y, tmp, split, d.image_size)
         counts[split] = {classes[c]: int((y == c).sum()) for c in range(len(classes))}
     meta["counts"] = counts
     if cached:
@@ -585,7 +603,9 @@ def _all_read(tree: _Tree, members: list[str], seen: set[str] | dict[str, Any]) 
         raise DataError(f"{tree.source}: members {missing[:3]} could not be read")
 
 
-def _verify_and_index(tree: _Tree, members: list[str], y: Tensor, tmp: Path, split: str) -> None:
+def _verify_and_index(
+    tree: _Tree, members: list[str], y: Tensor, tmp: Path, split: str, size: int
+) -> None:
     """Large images stay files (copied out of an archive); every one must decode.
 
     An archive gives its members in its own order (GNU tar's is the directory's, not
@@ -598,8 +618,10 @@ def _verify_and_index(tree: _Tree, members: list[str], y: Tensor, tmp: Path, spl
     for m, blob in tree.blobs(members):
         progress.update(len(path))
         where = f"{tree.source}:{m}"
-        try:
-            Image.open(io.BytesIO(blob)).verify()
+        try:  # decoded, not only verify()'d: that reads a JPEG's header, not its data
+            with Image.open(io.BytesIO(blob)) as img:
+                img.draft("RGB", (size, size))  # a JPEG decodes scaled down, every byte read
+                img.load()
         except _BAD_IMAGE as err:
             raise DataError(f"{where}: unreadable image ({err})") from None
         if tree.archive:

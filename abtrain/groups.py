@@ -29,12 +29,15 @@ def node_id_from_env() -> int:
 def plan(
     world_size: int, group_size: int, all_train_b: bool = False
 ) -> list[tuple[list[int], str]]:
-    """[(ranks, 'a' | 'b')] for each group, in rank order."""
-    if all_train_b:
-        return [(list(range(world_size)), "b")]
+    """[(ranks, 'a' | 'b')] for each group, in rank order. `all_train_b`: every group
+    trains B ("no groups" is one group of the world; the authors' VGG16 config, groups of
+    one node whose B factors are averaged at the sync)."""
     count = world_size // group_size
     return [
-        (list(range(g * group_size, (g + 1) * group_size)), "a" if g < count // 2 else "b")
+        (
+            list(range(g * group_size, (g + 1) * group_size)),
+            "b" if all_train_b or g >= count // 2 else "a",
+        )
         for g in range(count)
     ]
 

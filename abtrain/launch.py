@@ -4,15 +4,21 @@
 starts two torchrun processes with a static rendezvous on 127.0.0.1; each acts as one node
 (torchrun's node rank becomes the node id in the traffic ledger).
 
-Each torchrun runs in a session of its own, so that one node can be stopped as a whole;
-a SIGTERM, SIGHUP or SIGINT to the launcher (a CI timeout, `scancel`, a closed terminal)
-is passed on to every node, and the launcher returns 128 + the signal's number once they
-have stopped. What the last checkpoint saved is kept; the run resumes from it.
+Each torchrun runs in a session of its own (and starts each rank in a session of its
+own), so signals are passed on by hand: a SIGTERM, SIGHUP or SIGINT to the launcher (a CI
+timeout, `scancel`, a closed terminal) is passed on to every node, and the launcher returns
+128 + the signal's number once they have stopped. Nothing outlives what started it, even
+when that is killed outright (SIGKILL, the OOM killer): each torchrun gets SIGTERM when the
+launcher dies, and each rank SIGKILL when its torchrun dies (`die_with_parent`); a node
+whose torchrun was killed stops the run at once, and the launcher returns 128 + that
+signal. What the last checkpoint saved is kept; the run resumes from it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import os
 import signal
 import socket
@@ -20,6 +26,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+
+
+def die_with_parent(sig: int) -> None:
+    """Linux: deliver `sig` to this process when the process that started it dies (prctl's
+    PR_SET_PDEATHSIG); elsewhere nothing. If that parent is already gone, exit now."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the request took
+        os._exit(128 + int(sig))
 
 
 def free_port() -> int:
@@ -92,19 +111,30 @@ def run_local(
     try:
         port = free_port()
         for cmd in torchrun_commands(nnodes, nproc_per_node, args, port, max_restarts):
-            procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=lambda: die_with_parent(signal.SIGTERM),
+                )
+            )
         while any(p.poll() is None for p in procs):
             if deadline is not None and time.monotonic() > deadline:
                 break
             for node, p in enumerate(procs):
                 if p.poll() and not code:
                     code, deadline = p.returncode, time.monotonic() + grace
-                    print(
-                        f"[abtrain.launch] node {node} failed with exit code {code}; "
-                        "its torchrun report names the rank",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    if code < 0:  # torchrun itself killed: no rank is left to report
+                        name = signal.Signals(-code).name
+                        code, deadline = 128 - code, time.monotonic()
+                        why = f"node {node}'s torchrun was killed by {name}"
+                    else:
+                        why = (
+                            f"node {node} failed with exit code {code}; its torchrun "
+                            "report names the rank"
+                        )
+                    print(f"[abtrain.launch] {why}", file=sys.stderr, flush=True)
             time.sleep(0.2)
         code = code or next((p.returncode for p in procs if p.returncode), 0)
     except Stopped as stop:

@@ -147,6 +147,15 @@ class Ledger:
         dist.all_reduce(tensor, op=op, group=group)
         self.comm_seconds += time.perf_counter() - t0
 
+    def all_gather(self, tensor: Tensor, group: dist.ProcessGroup | None = None) -> list[Tensor]:
+        """Every rank's `tensor`, in rank order (of the group)."""
+        self.record("all_gather", _nbytes(tensor), group)
+        out = [torch.empty_like(tensor) for _ in group_ranks(group)]
+        t0 = time.perf_counter()
+        dist.all_gather(out, tensor, group=group)
+        self.comm_seconds += time.perf_counter() - t0
+        return out
+
     def broadcast(self, tensor: Tensor, src: int, group: dist.ProcessGroup | None = None) -> None:
         self.record("broadcast", _nbytes(tensor), group, root=src)
         t0 = time.perf_counter()

@@ -39,8 +39,15 @@ def svd(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return u.float(), s.float(), vh.float()
 
 
-def split(u: Tensor, s: Tensor, vh: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """A = U_k Σ_k^½ (out × k), B = Σ_k^½ V_kᵀ (k × in·kh·kw)."""
+def split(
+    u: Tensor, s: Tensor, vh: Tensor, k: int, sigma_to: str = "both"
+) -> tuple[Tensor, Tensor]:
+    """A = U_k Σ_k^½ (out × k), B = Σ_k^½ V_kᵀ (k × in·kh·kw); with `sigma_to` 'a' or 'b'
+    that factor takes all of Σ_k (A = U_k Σ_k, B = V_kᵀ; or A = U_k, B = Σ_k V_kᵀ)."""
+    if sigma_to == "a":
+        return u[:, :k] * s[:k], vh[:k]
+    if sigma_to == "b":
+        return u[:, :k], s[:k, None] * vh[:k]
     root = s[:k].sqrt()
     return u[:, :k] * root, root[:, None] * vh[:k]
 

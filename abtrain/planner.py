@@ -60,10 +60,12 @@ class Sizes:
     buffers: int  # every buffer (BatchNorm's running stats and counters)
     buffer_tensors: int
     float_buffers: int  # how many are floating point (the sync averages them)
+    float_buffer_bytes: int
     tensors_full: int  # parameter tensors of the full-rank model
     tensors_shared: int  # of them, the ones never factorised
-    batchnorm_layers: int  # BatchNorm2d layers; with dist.sync_batchnorm each all-reduces
-    batchnorm: int  # (Σx, Σx², n) forward and their gradients backward: bytes per step
+    batchnorm_layers: int  # BatchNorm2d layers, each synced per step (dist.sync_batchnorm)
+    batchnorm_stats: int  # bytes of every layer's (Σx, Σx², n): 2C+1 floats
+    batchnorm_grads: int  # bytes of the gradients of (Σx, Σx²) torch all-reduces: 2C floats
 
     @property
     def weights(self) -> int:
@@ -107,10 +109,14 @@ def sizes(cfg: Config, classes: int, keep: float = 1.0) -> Sizes:
         buffers=sum(t.numel() * t.element_size() for t in model.buffers()),
         buffer_tensors=len(list(model.buffers())),
         float_buffers=sum(t.is_floating_point() for t in model.buffers()),
+        float_buffer_bytes=sum(
+            t.numel() * t.element_size() for t in model.buffers() if t.is_floating_point()
+        ),
         tensors_full=len(params),
         tensors_shared=sum(id(p) not in weights for p in params),
         batchnorm_layers=len(norms),
-        batchnorm=sum(2 * 4 * (2 * c + 1) for c in norms),
+        batchnorm_stats=sum(4 * (2 * c + 1) for c in norms),
+        batchnorm_grads=sum(4 * 2 * c for c in norms),
     )
     _SIZES[key] = out
     return out
@@ -122,6 +128,12 @@ def ring_inter(size: float, nodes: int, ranks: int) -> float:
     if nodes < 2:
         return 0.0
     return 2 * (ranks - 1) / ranks * size * nodes / ranks
+
+
+def gather_inter(size: float, nodes: int, ranks: int) -> float:
+    """Mean inter-node bytes per rank of a ring all-gather of `size` bytes from each rank:
+    every rank sends (n-1)·S, and `nodes` ring edges cross."""
+    return (ranks - 1) * size * nodes / ranks if nodes > 1 else 0.0
 
 
 def chain_inter(size: float, nodes: int, ranks: int) -> float:
@@ -211,8 +223,14 @@ def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float
         checkpoint=len(checkpoint_steps(cfg)) * ring(8) + ring((cfg.steps + 1) * STEP_TABLE_BYTES),
         sync=0.0,
     )
-    # synced batch norm: every training step over the phase's DDP group
-    norm = ring(s.batchnorm) if cfg.dist.sync_batchnorm else 0.0
+    # synced batch norm, every training step: `group`, two all-reduces over the phase's DDP
+    # group (the world in full-rank steps); `world`, torch's all-gather and all-reduce over
+    # the world in every step, AB steps included
+    norm = ab_norm = 0.0
+    if cfg.dist.sync_batchnorm == "group":
+        norm = ring(s.batchnorm_stats * 2)
+    elif cfg.dist.sync_batchnorm == "world":
+        norm = ab_norm = gather_inter(s.batchnorm_stats, nodes, n) + ring(s.batchnorm_grads)
     if cfg.method == "ddp":
         return Plan({"full": cfg.steps}, {"full": ring(full) + norm}, events)
     if cfg.method == "powersgd":
@@ -225,12 +243,13 @@ def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float
     kinds = [schedule.phase_at(t, cfg) for t in range(cfg.steps)]
     steps = {k: sum(p.kind == k for p in kinds) for k in ("warmup", "ab", "rebound")}
     cycles = len({p.cycle for p in kinds if p.kind == "ab"})
-    if cfg.method == "ab_nogroups":  # one group over the world: B trained by DDP
-        ab, sync = ring(s.b + s.shared) + norm, 0.0
+    # the sync averages the float buffers (BatchNorm's running statistics) over the world
+    if len(ab_groups(cfg, n, ranks_per_node)) == 1:  # "no groups": B trained by DDP
+        ab, sync = ring(s.b + s.shared) + norm, ring(s.float_buffer_bytes)
     elif cfg.ab.sync_mode == "with_stale":  # every factor averaged over the world
-        ab, sync = 0.0, ring(s.a + s.b + 3 * s.shared)
+        ab, sync = ab_norm, ring(s.a + s.b + 3 * s.shared + s.float_buffer_bytes)
     else:  # groups are nodes (or single ranks): nothing crosses inside an AB phase
-        ab, sync = 0.0, _learned_sync(cfg, s, nodes, ranks_per_node)
+        ab, sync = ab_norm, _learned_sync(cfg, s, nodes, ranks_per_node)
     events["sync"] = cycles * (ring(8 * s.layers) + sync)  # agreeing on k; the averaging
     full_rank = ring(full) + norm
     step = {"warmup": full_rank, "ab": ab, "rebound": full_rank}
@@ -253,9 +272,9 @@ def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float
 def _learned_sync(cfg: Config, s: Sizes, nodes: int, ranks_per_node: int) -> float:
     """Mean inter-node bytes per rank of an `only_learned` sync: each factor averaged over
     the ranks that trained it, then broadcast to every rank from the first of them; the
-    shared parameters and their two moments averaged over the world."""
+    shared parameters, their two moments and the float buffers averaged over the world."""
     n = nodes * ranks_per_node
-    out = ring_inter(3 * s.shared, nodes, n)
+    out = ring_inter(3 * s.shared + s.float_buffer_bytes, nodes, n)
     for role, size in (("a", s.a), ("b", s.b)):
         ranks = [r for group, rl in ab_groups(cfg, n, ranks_per_node) if rl == role for r in group]
         spanned = len({r // ranks_per_node for r in ranks})
@@ -462,8 +481,11 @@ def ledger_calls(
         else:
             add(t, phase.kind, "all_reduce", full_buckets * world)
         full_rank_steps += not phase.low_rank
-        if cfg.dist.sync_batchnorm and s.batchnorm_layers:
+        if cfg.dist.sync_batchnorm == "group" and s.batchnorm_layers:
             add(t, phase.kind, "all_reduce", 2 * s.batchnorm_layers * world)
+        elif cfg.dist.sync_batchnorm == "world" and s.batchnorm_layers:
+            add(t, phase.kind, "all_gather", s.batchnorm_layers * world)
+            add(t, phase.kind, "all_reduce", s.batchnorm_layers * world)
         pending |= (t + 1) % cfg.eval_every == 0
         if cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0 and t + 1 < cfg.steps:
             checkpoint(t)

@@ -33,8 +33,12 @@ def _phase_and_start(step: int, cfg: Config) -> tuple[Phase, int]:
 
     `algorithm1` (the paper's): cycles of `ab_steps` AB then `rebound_steps` full-rank steps
     from the end of the warm-up. `authors` (their code, c3dbc10): a sync at every multiple
-    of the period S = ab_steps + rebound_steps, each followed by `rebound_steps` full-rank
-    steps; the first AB phase runs from the warm-up's end to the first multiple after it.
+    of the period S = ab_steps + rebound_steps, each followed by R = `rebound_steps`
+    full-rank steps; the first AB phase runs from the warm-up's end W to the first multiple
+    after it. Their switch back to AB fires at every step t > S with t mod S = R; when it
+    falls inside that first AB phase (0 <= W mod S < R, W >= S) it changes nothing but
+    restarts the LR ramp (and re-wraps DDP inside the group), so that step is returned as
+    the phase's start.
     """
     if cfg.method not in AB_METHODS:
         return Phase("full"), 0
@@ -50,6 +54,9 @@ def _phase_and_start(step: int, cfg: Config) -> tuple[Phase, int]:
         return Phase("rebound", cycle), start + ab.ab_steps
     first_sync = (ab.warmup_steps // period + 1) * period
     if step < first_sync:
+        again = first_sync - period + ab.rebound_steps  # their switch to AB in this period
+        if ab.warmup_steps < again <= step and again > period:
+            return Phase("ab", 0), again
         return Phase("ab", 0), ab.warmup_steps
     cycle, within = divmod(step - first_sync, period)
     start = first_sync + cycle * period

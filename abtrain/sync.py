@@ -22,12 +22,17 @@ from abtrain.lowrank import LowRankLayer
 
 @torch.no_grad()
 def factorize(
-    layers: dict[str, LowRankLayer], sigma_cutoff: float, role: str, ledger: Ledger
+    layers: dict[str, LowRankLayer],
+    sigma_cutoff: float,
+    role: str,
+    ledger: Ledger,
+    split_sigma: bool = True,
 ) -> dict[str, int]:
     """Split every W into A·B; this rank then trains `role`. Returns the rank of each layer.
 
     Each rank picks k from its own σ; the maximum over the world is kept, so every replica
-    has the same shapes even where σ differ.
+    has the same shapes even where σ differ. Without `split_sigma` the trained factor takes
+    all of Σ (the authors' "no groups", where every rank trains B).
     """
     svds = [lowrank.svd(layer.weight) for layer in layers.values()]
     # lowrank.keep_rank for every layer, counted where σ lives: on a GPU one copy to the
@@ -35,7 +40,7 @@ def factorize(
     ks = torch.stack([(s > sigma_cutoff * s[0]).sum() for _, s, _ in svds]).clamp_(min=1)
     ledger.all_reduce(ks, op=dist.ReduceOp.MAX)
     for layer, (u, s, vh), k in zip(layers.values(), svds, ks.tolist()):
-        a, b = lowrank.split(u, s, vh, k)
+        a, b = lowrank.split(u, s, vh, k, "both" if split_sigma else role)
         layer.set_factors(a.to(layer.weight.dtype), b.to(layer.weight.dtype), role)
     return dict(zip(layers, ks.tolist()))
 

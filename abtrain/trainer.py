@@ -50,7 +50,8 @@ TRAIN_LOG_HEADER = "step,loss,lr,phase,seconds,data_seconds"
 
 
 class TrainingDiverged(RuntimeError):
-    """The merged model's validation loss is not finite."""
+    """A step's loss or gradient norm, or the merged model's validation loss, is not
+    finite: the run stops there, before any checkpoint of it is written."""
 
 
 class StopForRequeue(RuntimeError):
@@ -142,7 +143,7 @@ class Trainer:
         self.task = make_task(cfg)
         self.sampler = StepSampler(len(self.task), cfg.batch_size, self.rank, self.world, cfg.seed)
         self.model = models.build(cfg, self.task.classes, self.task.features).to(self.device)
-        if cfg.dist.sync_batchnorm:
+        if cfg.dist.sync_batchnorm != "local":
             batchnorm.convert(self.model)
         self.layers: dict[str, lowrank.LowRankLayer] = {}
         self.groups: groups.ABGroups | None = None
@@ -275,11 +276,19 @@ class Trainer:
         loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.optim.label_smoothing)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.optim.max_grad_norm > 0:
-            trainable = [p for p in self.model.parameters() if p.requires_grad]
-            torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.max_grad_norm)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        # the norm of the (all-reduced) gradients; without clipping, scaled by 1.0: unchanged
+        clip = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
         self.opt.step()
         loss_value = loss.item()  # waits for the device: the step's time ends here
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm.item())):
+            raise TrainingDiverged(
+                f"step {run.step} ({run.phase.kind} phase): loss {loss_value:.6g}, gradient "
+                f"norm {grad_norm.item():.6g}; not finite, so the run stops before a "
+                f"checkpoint of it (optim.lr={cfg.optim.lr:g}; the last checkpoint is "
+                "whole)"
+            )
         t2 = time.perf_counter()
         waited = min(self.ledger.exposed_allreduce_seconds(), t2 - t1)
         run.add_time("data", t1 - t0)
@@ -316,7 +325,10 @@ class Trainer:
 
     # ---------------------------------------------------------------- the AB pieces
     def _factorize(self) -> None:
-        ranks = sync.factorize(self.layers, self.cfg.ab.sigma_cutoff, self.groups.role, self.ledger)
+        ab = self.cfg.ab
+        ranks = sync.factorize(
+            self.layers, ab.sigma_cutoff, self.groups.role, self.ledger, ab.split_sigma
+        )
         ratio = lowrank.compression_ratio(self.model)
         self.state.factorizations.append(
             dict(step=self.state.step, compression_ratio=ratio, ranks=ranks)
@@ -364,7 +376,7 @@ class Trainer:
             state = [p for p in self.model.parameters()] + list(self.model.buffers())
             size = sum(t.numel() * t.element_size() for t in state)
             self.ledger.record("broadcast", size, group, root=ledger.group_ranks(group)[0])
-        batchnorm.attach(self.model, group, self.ledger)
+        batchnorm.attach(self.model, group, self.ledger, self.cfg.dist.sync_batchnorm)
         self.ddp = DistributedDataParallel(
             self.model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,

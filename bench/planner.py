@@ -36,6 +36,7 @@ DATASETS = {"imagenet": (IMAGENET_TRAIN, 1000), "cifar10": (50_000, 10), "cifar1
 A100_BF16_FLOPS = 312e12
 UTILISATION = 0.4
 LINK_BYTES_PER_S = 25e9
+GROUP_BN = ["dist.sync_batchnorm=group"]
 RESULTS = Path("bench/results")
 
 
@@ -68,9 +69,18 @@ def paper_rates(p: dict, ref: list[dict]) -> list[dict]:
             continue
         base = name.replace("-ab-", "-ddp-")
         rates = {}
-        for key in (name, base):
-            r = matrix[key]
-            cfg = abconfig.from_dict(p["train"], run_overrides(p, r, None, size=IMAGENET_TRAIN))
+        # the profile's runs (SyncBatchNorm as the authors ran it: over the world), and the
+        # same with it over the phase's DDP group (the planner's assumption before), to
+        # show what the authors' SyncBatchNorm moves
+        for key, bn in (
+            (name, []),
+            (base, []),
+            ((name, "group"), GROUP_BN),
+            ((base, "group"), GROUP_BN),
+        ):
+            r = matrix[key if isinstance(key, str) else key[0]]
+            sets = run_overrides(p, r, None, size=IMAGENET_TRAIN) + bn
+            cfg = abconfig.from_dict(p["train"], sets)
             seconds = step_flops(cfg, 1000) / (A100_BF16_FLOPS * UTILISATION)
             t = timing(
                 plan(cfg, r.nodes, r.ranks_per_node, 1000),
@@ -85,6 +95,7 @@ def paper_rates(p: dict, ref: list[dict]) -> list[dict]:
                 bytes_per_step=t.plan.per_step,
                 plan=t.plan,
             )
+        before = rates[name, "group"], rates[base, "group"]
         label = {"vit": "ViT-B/16", "r50": "ResNet-50"}[name.split("-")[0]]
         paper = next((x for x in ref if x["model"] == label and x["N"] == run.nodes), None)
         pb = paper and paper[f"{run.batch}_baseline"]
@@ -101,6 +112,9 @@ def paper_rates(p: dict, ref: list[dict]) -> list[dict]:
                 compute_seconds=rates[name]["compute_seconds"],
                 bytes_ratio=rates[name]["bytes_per_step"] / rates[base]["bytes_per_step"],
                 rate_ratio=rates[name]["gb_per_s"] / rates[base]["gb_per_s"],
+                sync_batchnorm=cfg.dist.sync_batchnorm if cfg.model.name == "resnet50" else None,
+                bytes_ratio_group_bn=before[0]["bytes_per_step"] / before[1]["bytes_per_step"],
+                rate_ratio_group_bn=before[0]["gb_per_s"] / before[1]["gb_per_s"],
                 # AB's bytes over DDP's, by where AB sends them (each over DDP's total)
                 **parts(rates[name]["plan"], rates[base]["plan"]),
                 paper_ddp_gb_per_s=pb or None,

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from abtrain import config as abconfig
 
 PARAMS = Path("params.yaml")
@@ -20,7 +18,7 @@ SEARCHES = Path("results/search")
 
 
 def params() -> dict[str, Any]:
-    return yaml.safe_load(PARAMS.read_text())
+    return abconfig.read_yaml(PARAMS)
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,7 @@ def experiment_sets(p: dict[str, Any]) -> list[str]:
 
 def base_config(p: dict[str, Any], run: Run | None = None) -> abconfig.Config:
     """`train` with the run's own `set` and `experiments.set`: the model and data it trains."""
-    extra = list(run.set) + experiment_sets(p) if run else []
+    extra = [f"method={run.method}", *run.set, *experiment_sets(p)] if run else []
     return abconfig.from_dict(p["train"], extra)
 
 
@@ -133,8 +131,8 @@ def resolve(
 
     Every run sees the same number of samples (experiments.epochs) unless it gives its own
     `steps`; the schedule is the same fraction of each run's steps; the search's best values
-    are applied where asked for (they replace `train`'s and experiments.schedule's); then a
-    run's own `set` (the authors' per-run schedules and hyperparameters in the paper
+    for the keys `search.use_best` names (they replace `train`'s and experiments.schedule's);
+    then a run's own `set` (the authors' per-run schedules and hyperparameters in the paper
     profile); then `experiments.set`, the experiment's explicit values, which win over all.
     """
     e, base = p["experiments"], base_config(p, run)
@@ -157,8 +155,8 @@ def resolve(
         s = space.load(p["search"]).space
         origin = f"search best ({best.get('backend', p['search']['backend'])})"
         for key, value in best["params"].items():
-            if key == "ab.group_size":
-                continue  # tied to the search workers' shape; here groups are nodes
+            if key not in p["search"]["use_best"]:
+                continue  # the profile names, per key, what the search may change
             if s[key].kind == "fraction":
                 fractions[key] = (value, origin)
             else:

@@ -416,14 +416,44 @@ def search_section(p: dict[str, Any]) -> tuple[list[tuple[str, str]], str]:
         "search that finds good settings sooner. Error here is the search's own short runs "
         "on its own data (`search.train`), not the training runs above."
     )
-    lines += ["", *chosen_backend(p, folders)]
+    lines += ["", *chosen_backend(p, folders), *rerun_spread()]
     return [("figures/search_comparison.png", caption)], "\n".join(lines) + "\n"
+
+
+def rerun_spread() -> list[str]:
+    """What rerunning the search moved (`python -m bench.search_reruns`), beside the seeds."""
+    if not RERUNS.exists():
+        return []
+    d = json.loads(RERUNS.read_text())
+    out = [
+        "",
+        f"What a rerun of the search moves ([`search-reruns/`](search-reruns/README.md), "
+        f"`{d['command']}`): {len(d['rows'])} searches with the same settings, the first the "
+        f"one whose record the runs above train from, and {' and '.join(d['runs'])} trained "
+        "from each best (sd: sample standard deviation):",
+        "",
+        "| figure | mean | sd | min | max |",
+        "|---|---|---|---|---|",
+    ]
+    for label, sp in d["spread"].items():
+        out.append(
+            f"| {label} | {sp['mean']:.3f} | {fmt(sp['sd'], '.3f')} | {sp['min']:.3f} | "
+            f"{sp['max']:.3f} |"
+        )
+    seeds = d.get("seed_spread")
+    if seeds:
+        out += [
+            "",
+            f"The same gap over seeds with the committed best ({seeds['of']}, "
+            f"`{Path(seeds['study']).name}/`): mean {seeds['mean']:+.2f}, sd {seeds['sd']:.2f}.",
+        ]
+    return out + ["", d["verdict"]]
 
 
 def chosen_backend(p: dict[str, Any], folders: list[Path]) -> list[str]:
     """Which search's best trained the matrix, and why that one."""
     if not p["search"]["use_best"]:
-        return ["The runs above train `train`'s own values (`search.use_best: false`)."]
+        return ["The runs above train `train`'s own values (`search.use_best: []`)."]
     backend = p["search"]["backend"]
     errors = {
         f.name: json.loads((f / "best.json").read_text())["error"]
@@ -467,12 +497,21 @@ def seed_noise() -> float | None:
 SEED_STUDY_SETS = ("seed=S", "tracking.enabled=false")  # every study's (bench.seeds)
 
 
-def seed_pairs() -> list[str]:
+def seed_pairs(p: dict[str, Any]) -> list[str]:
     """One line per seed study (reports/seeds*/, `python -m bench.seeds`): its pair's
-    difference in best top-1 at each seed."""
-    out = []
+    difference in best top-1 at each seed. A study trained from another search result than
+    the committed record is another configuration: named apart, not summarised."""
+    from pipeline.train import best_config
+
+    record = best_config(p) if p["search"]["use_best"] else None
+    out, other = [], []
     for path in sorted(REPORTS.glob("seeds*/seeds.json")):
         data = json.loads(path.read_text())
+        if data.get("search_best_values") and (
+            record is None or data.get("search_best") != record["params"]
+        ):
+            other.append(f"[`{path.parent.name}/`]({path.parent.name}/README.md)")
+            continue
         d = data["summary"]["difference"]
         per, sp = d["per_seed"], d["spread"]
         if not sp:
@@ -485,6 +524,11 @@ def seed_pairs() -> list[str]:
             f"values{also}: {d['of']} over seeds {', '.join(per)} is "
             + ", ".join(f"{v:+.2f}" for v in per.values())
             + f" points (mean {sp['mean']:+.2f})."
+        )
+    if other:
+        out.append(
+            f"- Trained from an earlier search result than the committed record (another "
+            f"configuration, so not comparable with the tables above): {', '.join(other)}."
         )
     if not out:
         return []
@@ -614,18 +658,25 @@ def paper_scale_rates() -> list[str]:
         "to the paper's values.",
         "",
         "| model | N | batch | s/step ddp | GB/s ddp | GB/s ab | GB/s ab/ddp | bytes ab/ddp "
-        "| full-rank steps | syncs | other | paper ddp | paper ab | paper ab/ddp |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| GB/s ab/ddp, BN per group | full-rank steps | syncs | other | paper ddp | paper ab "
+        "| paper ab/ddp |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rates:
         md.append(
             f"| {r['model']} | {r['nodes']} | {r['batch']} | {r['ddp_step_seconds']:.3f} | "
             f"{r['ddp_gb_per_s']:.2f} | {r['ab_gb_per_s']:.2f} | {r['rate_ratio']:.3f} | "
-            f"{r['bytes_ratio']:.3f} | {r['part_full_rank_steps']:.3f} | "
+            f"{r['bytes_ratio']:.3f} | {fmt(r.get('rate_ratio_group_bn'), '.3f')} | "
+            f"{r['part_full_rank_steps']:.3f} | "
             f"{r['part_syncs']:.4f} | {r['part_other']:.4f} | "
             f"{fmt(r['paper_ddp_gb_per_s'])} | {fmt(r['paper_ab_gb_per_s'])} | "
             f"{fmt(r['paper_ratio'], '.3f')} |"
         )
+    moved = [
+        r["rate_ratio"] - r["rate_ratio_group_bn"]
+        for r in rates
+        if r.get("sync_batchnorm") == "world" and r.get("rate_ratio_group_bn")
+    ]
     gaps = [r["paper_ratio"] - r["rate_ratio"] for r in rates if r["paper_ratio"]]
     scale = [r["paper_ddp_gb_per_s"] / r["ddp_gb_per_s"] for r in rates if r["paper_ratio"]]
     md += [
@@ -643,7 +694,83 @@ def paper_scale_rates() -> list[str]:
         "absolute GB/s are not comparable: they hang on the stated compute rate, and the "
         f"paper's DDP rates are {min(scale):.1f}-{max(scale):.1f} times these.",
     ]
+    if moved:
+        md += [
+            "",
+            "ResNet-50's SyncBatchNorm is counted as the authors ran it (`dist.sync_batchnorm: "
+            "world`): torch's SyncBatchNorm over the whole world, every step, AB phases "
+            "included, all-gathering each rank's 2C+1 statistics per BatchNorm layer forward "
+            "and all-reducing 2C gradients backward. Its bytes grow with the world, so they "
+            "weigh most at 32 nodes. Against the same runs with the statistics over the "
+            'phase\'s DDP group (column "BN per group": what an AB phase costs when its '
+            "batch statistics stay inside the node), the ResNet-50 AB/DDP rate ratio moves "
+            f"by {min(moved):+.3f} to {max(moved):+.3f}; ViT-B/16 has no BatchNorm.",
+        ]
     return md
+
+
+# ---------------------------------------------------------------- the README's opening
+HEADLINE = REPORTS / "headline.md"
+RERUNS = REPORTS / "search-reruns" / "reruns.json"
+
+
+def span(values: list[float], spec: str) -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, spec) if format(lo, spec) == format(hi, spec) else f"{lo:{spec}}-{hi:{spec}}"
+
+
+def headline(p: dict[str, Any], acc: list[dict], t1: list[dict]) -> str:
+    """reports/headline.md: the README's opening, copied there between its markers (a test
+    keeps the two equal), so the README's figures are the report's."""
+    traffic = {r["run"]: r for r in t1}
+    lines = [
+        "| run | method | nodes × ranks | batch per rank | best top-1 | inter-node MB/step/rank "
+        "| bytes vs ddp |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in acc:
+        t = traffic[r["run"]]
+        lines.append(
+            f"| {r['run']} | {r['method']} | {r['nodes']} × {r['ranks_per_node']} | "
+            f"{r['global_batch'] // (r['nodes'] * r['ranks_per_node'])} | "
+            f"{r['best_top1']:.2f}% | {t['inter_bytes_per_step'] / 1e6:.2f} | "
+            f"{fmt(t['ratio_to_ddp'], '.3f')} |"
+        )
+    text = []
+    ab = [(a, traffic[a["run"]]) for a in acc if a["method"] == "ab" and a["diff_best"] is not None]
+    if ab:
+        text.append(
+            f"AB training sends {span([t['ratio_to_ddp'] for _, t in ab], '.3f')} of DDP's "
+            f"inter-node bytes ({span([t['rate_ratio_to_ddp'] for _, t in ab], '.3f')} of its "
+            "GB/s, the paper's quantity) at "
+            f"{span([-a['diff_best'] for a, _ in ab], '.2f')} points of best top-1 below DDP "
+            f"({len(ab)} scales, one seed each)."
+        )
+    others = {}
+    for a in acc:
+        if a["method"] not in ("ddp", "ab") and a["diff_best"] is not None:
+            others.setdefault(a["method"], []).append((a, traffic[a["run"]]))
+    for method, rows in others.items():
+        text.append(
+            f"`{method}`: {span([t['ratio_to_ddp'] for _, t in rows], '.3f')} of DDP's bytes, "
+            f"{span([a['diff_best'] for a, _ in rows], '+.2f')} points."
+        )
+    if RERUNS.exists():
+        d = json.loads(RERUNS.read_text())
+        gap, ratio = d["spread"]["top1 gap (points)"], d["spread"]["bytes ratio"]
+        lr = [r["params"].get("optim.lr") for r in d["rows"] if "optim.lr" in r["params"]]
+        text.append(
+            f"What a rerun of the search may move: {gap['n']} Propulate searches with the "
+            f"same settings ([`search-reruns/`](search-reruns/README.md)) chose "
+            + (f"learning rates from {min(lr):.2g} to {max(lr):.2g} and " if lr else "")
+            + f"gave an {d['runs'][1]} − {d['runs'][0]} gap of {gap['min']:+.2f} to "
+            f"{gap['max']:+.2f} points (sd {gap['sd']:.2f}) and a bytes ratio of "
+            f"{ratio['min']:.3f} to {ratio['max']:.3f}. The runs train from the committed "
+            f"record of one search (`results/search/{p['search']['backend']}/`), so a fresh "
+            "clone's `dvc repro` gives these tables back exactly; "
+            f"`dvc repro --force --downstream search@{p['search']['backend']}` reruns it."
+        )
+    return "\n".join(lines) + "\n\n" + " ".join(text) + "\n"
 
 
 def figure(path: str, caption: str) -> list[str]:
@@ -837,7 +964,7 @@ def main() -> int:
             "noise; "
             "the inter-node bytes are the same at every seed.",
         ]
-        md += seed_pairs()
+        md += seed_pairs(p)
     md += ["", "## Figures", ""]
     for path, caption in pics:
         md += figure(path, caption)
@@ -873,9 +1000,24 @@ def main() -> int:
     if missing:
         md += ["", f"Runs missing from this report: {', '.join(missing)}."]
     atomic_write_text(REPORTS / "README.md", "\n".join(md).rstrip() + "\n")
+    atomic_write_text(HEADLINE, headline(p, acc, t1))
     print(f"[pipeline] report: {len(done)} runs, {len(missing)} missing -> {REPORTS / 'README.md'}")
     return 0
 
 
+MARKS = ("<!-- headline: begin -->\n", "<!-- headline: end -->")
+
+
+def copy_headline(readme: Path = Path("README.md")) -> None:
+    """`python -m pipeline.report --readme`: reports/headline.md into the README."""
+    text = readme.read_text()
+    head, rest = text.split(MARKS[0], 1)
+    _, tail = rest.split(MARKS[1], 1)
+    atomic_write_text(readme, head + MARKS[0] + HEADLINE.read_text() + MARKS[1] + tail)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--readme"]:
+        copy_headline()
+        sys.exit(0)
     sys.exit(main())

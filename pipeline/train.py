@@ -29,7 +29,7 @@ def best_config(p: dict) -> dict | None:
     path = SEARCHES / p["search"]["backend"] / "best.json"
     if not path.exists():
         raise SystemExit(
-            f"search.use_best is true but {path} does not exist: run the search stage "
+            f"search.use_best names keys but {path} does not exist: run the search stage "
             f"(dvc repro search@{p['search']['backend']})"
         )
     return json.loads(path.read_text())

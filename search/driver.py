@@ -42,8 +42,8 @@ def validate(args: argparse.Namespace, world_size: int) -> tuple[dict, space.Sea
     """Everything that can be wrong with the settings, before any rank trains."""
     path = Path(args.config)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
+        raw = abconfig.read_yaml(path)
+    except (OSError, yaml.YAMLError, abconfig.ConfigError) as err:
         raise space.SpaceError(f"{path}: {err}") from None
     if not isinstance(raw, dict) or not {"train", "search"} <= set(raw):
         raise space.SpaceError(f"{path}: needs sections `train` and `search`")

@@ -74,7 +74,9 @@ Param = Annotated[FloatParam | IntParam | ChoiceParam | FractionParam, Field(dis
 class SearchConfig(_Section):
     backend: Literal["propulate", "optuna"]
     ranks: int = Field(ge=1)  # MPI ranks the pipeline's search stage starts
-    use_best: bool  # the pipeline's train stage starts from the best configuration found
+    # the keys of the space whose best values the pipeline's runs take ([]: none); a run's
+    # own `set` still wins. The paper profile carries only the schedule, as the paper did
+    use_best: list[str]
     ranks_per_worker: int = Field(ge=1)
     evaluations: int = Field(ge=1)  # the budget: individuals or trials, all workers together
     seed: int
@@ -86,6 +88,15 @@ class SearchConfig(_Section):
     prune_after_evals: int = Field(ge=0)  # evaluations of a run before it may be pruned
     train: list[str]  # overrides of the `train` section for every search run
     space: dict[str, Param] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _carried(self) -> SearchConfig:
+        for key in self.use_best:
+            if key not in self.space:
+                raise ValueError(f"use_best: {key} is not a key of search.space")
+            if key == "ab.group_size":  # a 2-rank worker's groups are not a node's
+                raise ValueError("use_best: ab.group_size is tied to the search workers' shape")
+        return self
 
 
 class SpaceError(ValueError):

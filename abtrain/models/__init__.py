@@ -32,7 +32,7 @@ def build(cfg: Config, classes: int, features: int = 0) -> nn.Module:
             m.drop_path,
         )
     elif m.name == "resnet50":
-        model = resnet50(weights=None, num_classes=classes)
+        model = resnet50(weights=None, num_classes=classes, zero_init_residual=m.zero_init_last)
         # timm's drop_rate: dropout before the classifier (state_dict keys unchanged)
         model.avgpool = nn.Sequential(model.avgpool, nn.Dropout(m.dropout))
     elif m.name == "vgg16":

@@ -50,6 +50,25 @@ def test_warmup_longer_than_the_run_is_refused():
         tiny_config("steps=10", "ab.warmup_steps=10")
 
 
+def test_only_no_groups_takes_the_authors_split_of_sigma():
+    assert not tiny_config("method=ab_nogroups", "ab.split_sigma=false").ab.split_sigma
+    with pytest.raises(config.ConfigError, match="ab.split_sigma=false needs every rank"):
+        tiny_config("method=ab", "ab.split_sigma=false")
+
+
+def test_no_groups_in_node_groups_forms_b_groups_of_that_size():
+    """The authors' committed VGG16 config: only-b with group_size 4."""
+    from abtrain import groups
+
+    cfg = tiny_config("method=ab_nogroups", "ab.group_size=2")
+    assert config.check_world(cfg, 4, 2) == 2
+    assert groups.plan(4, 2, all_train_b=True) == [([0, 1], "b"), ([2, 3], "b")]
+    with pytest.raises(config.ConfigError, match="needs ab.sync_mode=with_stale"):
+        config.check_world(
+            tiny_config("method=ab_nogroups", "ab.group_size=2", "ab.sync_mode=only_learned"), 4, 2
+        )
+
+
 def test_world_that_cannot_form_the_groups_is_refused():
     cfg = tiny_config("ab.group_size=3")
     with pytest.raises(config.ConfigError, match="group_size=3 does not divide the world size 4"):
@@ -159,3 +178,17 @@ def test_cli_check_refuses_a_batch_larger_than_the_data(tmp_path):
     cifar = "data.name=cifar10", "data.source=null", "data.train_per_class=10"
     run = cli("check", "--config", "params.yaml", *sets(*cifar, "batch_size=64"))
     assert run.returncode == 2 and "100 training samples" in run.stderr, run.stderr
+
+
+def test_a_key_given_twice_in_the_params_file_is_refused_naming_its_lines(tmp_path):
+    text = PARAMS.read_text().replace("    lr: 0.002\n", "    lr: 0.002\n    lr: 0.2\n", 1)
+    assert text != PARAMS.read_text()
+    (tmp_path / "params.yaml").write_text(text)
+    run = cli("check", "--config", str(tmp_path / "params.yaml"))
+    assert run.returncode == 2
+    assert "key 'lr' is given twice in one mapping" in run.stderr and ".yaml:" in run.stderr
+
+
+def test_an_exponent_without_a_dot_is_the_number_it_means():
+    assert tiny_config("optim.lr=1e30").optim.lr == 1e30  # YAML 1.1 alone reads a string
+    assert tiny_config("optim.min_lr=1e-6").optim.min_lr == 1e-6

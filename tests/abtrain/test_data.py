@@ -715,3 +715,46 @@ def test_prepare_tells_its_progress_on_stderr_at_a_bounded_rate(tmp_path, capsys
     train = [x for x in lines if "decoding train" in x]
     assert [int(re.search(r": (\d+) of 12", x).group(1)) for x in train] == list(range(1, 13))
     assert re.search(r"\(50%\), [\d,]+ images/s, ETA \d+ s$", train[5]), train
+
+
+def test_a_truncated_jpeg_is_named_at_prepare_not_in_a_loader_worker(tmp_path):
+    """A JPEG cut short (a copy that stopped): its header parses, so PIL's verify() passes
+    it; only decoding its data tells. Large images stay files, so this is checked here."""
+    write_tree(tmp_path / "tree", per_class=2, size=80)
+    jpeg = tmp_path / "tree" / "train" / "dog" / "cut.jpg"
+    pixels = np.random.default_rng(1).integers(0, 256, (96, 96, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(jpeg, quality=95)
+    jpeg.write_bytes(jpeg.read_bytes()[: jpeg.stat().st_size * 2 // 3])
+    Image.open(jpeg).verify()  # what prepare used to check: it passes
+    out = tmp_path / "p"
+    with pytest.raises(data.DataError, match=f"{jpeg.relative_to(tmp_path / 'tree')}: unreadable"):
+        data.prepare(image_cfg(source=str(tmp_path / "tree"), prepared=str(out), image_size=72))
+    assert not out.exists() and not list(tmp_path.glob(".p.tmp*"))
+
+
+def test_a_killed_prepares_temporary_folder_is_removed_by_the_next(tmp_path):
+    """`kill -9` mid-prepare leaves `.p.tmpPID` behind; the next prepare removes it once
+    that pid is gone, and keeps a live process's."""
+    write_tree(tmp_path / "tree")
+    source = str(tmp_path / "tree")
+    code = (
+        "import os, sys\n"
+        "from abtrain import data\n"
+        "def stop(*a, **k):\n"
+        "    os.kill(os.getpid(), 9)\n"
+        "data._decode_all = stop\n"  # killed while it decodes, its folder half-written
+        f"data.prepare(data.ImageData.model_validate({image_cfg(source=source, prepared=str(tmp_path / 'p')).model_dump()!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT)
+    assert proc.returncode == -9
+    left = list(tmp_path.glob(".p.tmp*"))
+    assert len(left) == 1
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = tmp_path / f".p.tmp{other.pid}"  # a live process's: a prepare at work
+        live.mkdir()
+        data.prepare(image_cfg(source=source, prepared=str(tmp_path / "p")))
+        assert not left[0].exists() and live.exists()
+    finally:
+        other.kill()
+        other.wait()

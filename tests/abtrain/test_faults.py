@@ -3,6 +3,7 @@
 into one folder. Every case runs the real launcher and torchrun."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,7 +102,7 @@ def test_a_truncated_checkpoint_is_named_and_the_one_before_it_used(killed):
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])  # a crash mid-copy
     resumed = launch(killed, *DDP, nnodes=1, nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"{bad} is unreadable" in resumed.stderr
+    assert f"{bad} is damaged" in resumed.stderr  # its recorded sha256 tells first
     assert "resumed from step 20" in resumed.stdout
 
 
@@ -147,3 +148,140 @@ def test_a_rank_that_dies_is_restarted_by_torchrun_and_the_run_ends_as_an_uninte
     assert a["train_loss_final"] == b["train_loss_final"]
     assert [e["val_top1"] for e in a["evals"]] == [e["val_top1"] for e in b["evals"]]
     assert a["traffic"]["inter_node_bytes"] == b["traffic"]["inter_node_bytes"]
+
+
+@pytest.mark.parametrize("method", ["ddp", "ab"])
+def test_a_diverging_run_stops_at_the_step_naming_it_before_a_checkpoint_of_it(tmp_path, method):
+    """lr 1e30 (read as the number it is): step 0's update blows the weights up and step 1's
+    loss is not finite. The run stops there on every rank, naming the step, and the only
+    checkpoint is the whole one before it (ab: the warm-up's)."""
+    out = tmp_path / "run"
+    proc = launch(
+        out, f"method={method}", "optim.lr=1e30", "optim.lr_warmup_steps=0",
+        "checkpoint_every=1", "keep_checkpoints=5", "tracking.enabled=false",
+        nnodes=2, nproc=1,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "TrainingDiverged: step 1 (warmup phase)" in proc.stderr or (
+        method == "ddp" and "TrainingDiverged: step 1 (full phase)" in proc.stderr
+    ), proc.stderr[-3000:]
+    assert "not finite" in proc.stderr
+    assert not (out / "summary.json").exists()
+    saved = sorted(int(p.name.split("_")[-1]) for p in (out / "checkpoints").glob("step_*"))
+    assert saved == [1], saved  # nothing of step 1 or later
+
+
+def test_a_checkpoint_damaged_on_disk_is_named_and_the_one_before_it_used(killed):
+    """64 bytes flipped in the middle of the newest replica file: same size, meta.json
+    untouched, and torch.load would read it without a word. The sha256 recorded when the
+    checkpoint was published tells, and the resume falls back to the newest whole one."""
+    bad = checkpoint.step_dir(killed / "checkpoints", 30) / "replica_0.pt"
+    data = bytearray(bad.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    bad.write_bytes(bytes(data))
+    resumed = launch(killed, *DDP, nnodes=1, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{bad} is damaged: its sha256 differs" in resumed.stderr
+    assert "resumed from step 20" in resumed.stdout
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem of a size we choose (tmpfs), where this machine lets us mount one."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+
+    def mount(size: int, again: bool = False) -> None:
+        opts = f"{'remount,' if again else ''}size={size}"
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)])
+        if proc.returncode:
+            pytest.skip("no tmpfs can be mounted here (needs root)")
+
+    yield mnt, mount
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_disk_at_a_checkpoint_names_the_file_leaves_no_temporary_and_resumes(
+    tmp_path, small_disk
+):
+    """The disk fills while a checkpoint is written: the run stops with one line
+    naming ENOSPC and the file, leaves no temporary file, keeps the ones before it whole,
+    and resumes from the newest once there is room."""
+    reference = launch(tmp_path / "ref", *DDP, nnodes=1, nproc=2)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    ckpts = tmp_path / "ref" / "checkpoints"
+    one = sum(p.stat().st_size for p in checkpoint.step_dir(ckpts, 40).iterdir())
+    rest = sum(
+        p.stat().st_size
+        for p in (tmp_path / "ref").rglob("*")
+        if p.is_file() and "checkpoints" not in p.parts
+    )
+    mnt, mount = small_disk
+    mount(int(1.5 * one + rest + 64 * 1024))  # room for one checkpoint, not for two
+    out = mnt / "run"
+    full = launch(out, *DDP, nnodes=1, nproc=2)
+    assert full.returncode != 0
+    assert "No space left on device (ENOSPC)" in full.stderr, full.stderr[-3000:]
+    # each rank names the file it could not write: its replica's, or its own
+    failed = re.findall(r"could not write (\S+)/step_(\d+)/\S+: No space left", full.stderr)
+    assert failed, full.stderr[-3000:]
+    step = int(failed[0][1])
+    assert "enforce fail" not in full.stderr  # torch's own words stay out of sight
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]  # nothing half-written left
+    before = checkpoint.resume_candidates(out / "checkpoints")
+    assert before and max(before) < step  # the checkpoints before it are whole
+    mount(64 << 20, again=True)  # room again
+    resumed = launch(out, *DDP, nnodes=1, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {max(before)}" in resumed.stdout
+    assert summary(out)["steps"] == 40
+
+
+def gone(out: Path, timeout: float) -> list[int]:
+    """Waits for every process of the run to end; returns those still alive."""
+    deadline = time.monotonic() + timeout
+    while processes_of(out) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return processes_of(out)
+
+
+def test_a_launcher_killed_outright_leaves_no_node_or_rank_training(tmp_path):
+    """`kill -9` of the launcher (the OOM killer, a lost login shell): it can pass nothing
+    on, yet every torchrun and rank stops, and the checkpoint stays for a resume."""
+    first = start(tmp_path, *DDP, "steps=100000", "checkpoint_every=10")
+    try:
+        wait_for(tmp_path / "checkpoints" / "LATEST", first)
+        assert len(processes_of(tmp_path)) >= 5  # the launcher, 2 torchruns, 2 ranks
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+        assert gone(tmp_path, 60) == []
+        assert checkpoint.resume_candidates(tmp_path / "checkpoints")
+    finally:
+        for pid in processes_of(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_nodes_torchrun_killed_outright_ends_the_run_at_once_saying_so(tmp_path):
+    """`kill -9` of one node's torchrun: its rank goes with it, the launcher stops the
+    other node at once and returns 128 + 9, naming the node and the signal."""
+    first = start(tmp_path, *DDP, "steps=100000", "checkpoint_every=10")
+    try:
+        wait_for(tmp_path / "checkpoints" / "LATEST", first)
+        node1 = [
+            pid
+            for pid in processes_of(tmp_path)
+            if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            and b"--node-rank=1" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        assert len(node1) == 1
+        t0 = time.monotonic()
+        os.kill(node1[0], signal.SIGKILL)
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 128 + signal.SIGKILL
+        assert "node 1's torchrun was killed by SIGKILL" in err.decode()
+        assert time.monotonic() - t0 < 45  # not the peers' collective timeout and more
+        assert gone(tmp_path, 30) == []
+    finally:
+        for pid in processes_of(tmp_path):
+            os.kill(pid, signal.SIGKILL)

@@ -42,6 +42,37 @@ def test_factors_split_sigma_evenly():
     torch.testing.assert_close(a.norm(dim=0), b.norm(dim=1))  # both carry Σ^½
 
 
+@pytest.mark.parametrize("to", ["a", "b"])
+def test_the_authors_no_groups_split_gives_all_of_sigma_to_the_trained_factor(to):
+    w = with_spectrum([4.0, 2.0, 1.0])
+    u, s, vh = lowrank.svd(w)
+    a, b = lowrank.split(u, s, vh, 3, to)
+    torch.testing.assert_close(a @ b, w, atol=1e-5, rtol=1e-5)
+    trained, frozen = (
+        (a.norm(dim=0), b.norm(dim=1)) if to == "a" else (b.norm(dim=1), a.norm(dim=0))
+    )
+    torch.testing.assert_close(trained, s[:3])  # B = ΣVᵀ (or A = UΣ): σ in the trained factor
+    torch.testing.assert_close(frozen, torch.ones(3))  # U (or Vᵀ): orthonormal
+
+
+def _nogroups_split(rank, world):
+    from abtrain import sync
+
+    layer = lowrank.LowRankLayer(nn.Linear(6, 8))
+    with torch.no_grad():
+        layer.weight.copy_(with_spectrum([5.0, 3.0, 1.0, 0.5, 0.2, 0.1], m=8, n=6))
+    sync.factorize({"l": layer}, 0.15, "b", Ledger(rank, [0, 1]), split_sigma=False)
+    return layer.a.norm(dim=0).tolist(), layer.b.norm(dim=1).tolist(), layer.b.requires_grad
+
+
+def test_no_groups_factorises_the_authors_way_when_told():
+    """ab.split_sigma=false, as the authors' "no groups" at c3dbc10: every rank trains
+    B = ΣVᵀ against a frozen, orthonormal A = U (k = 3 of 6 above 0.15·σ_max)."""
+    for a_norms, b_norms, trains_b in spawn(_nogroups_split, world=2, ranks_per_node=1):
+        assert a_norms == pytest.approx([1.0] * 3, abs=1e-5) and trains_b
+        assert b_norms == pytest.approx([5.0, 3.0, 1.0], rel=1e-4)
+
+
 @pytest.mark.parametrize(
     "make", [lambda: nn.Linear(10, 7), lambda: nn.Conv2d(3, 6, 3, padding=1, stride=2)]
 )

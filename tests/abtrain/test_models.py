@@ -20,7 +20,7 @@ def fwd_bwd(model, size, classes=10):
     "model,size",
     [
         (VIT, 16),
-        ("{name: resnet50, dropout: 0.0, init: default}", 32),
+        ("{name: resnet50, dropout: 0.0, zero_init_last: false, init: default}", 32),
         ("{name: vgg16, layout: torchvision, width: 64, dropout: 0.0, init: default}", 32),
         ("{name: vgg16, layout: timm, width: 64, dropout: 0.0, init: default}", 32),
     ],
@@ -114,6 +114,9 @@ def test_regularisation_of_the_authors_runs_drop_path_and_dropout():
     assert not torch.equal(vit(x), vit(x))  # whole residual branches dropped per sample
     vit.eval()
     assert torch.equal(vit(x), vit(x))
-    r50 = models.build(tiny_config("model={name: resnet50, dropout: 0.1, init: default}"), 10)
+    r50 = models.build(
+        tiny_config("model={name: resnet50, dropout: 0.1, zero_init_last: false, init: default}"),
+        10,
+    )
     assert isinstance(r50.avgpool[1], torch.nn.Dropout) and r50.avgpool[1].p == 0.1
     assert "fc.weight" in r50.state_dict()  # the classifier keeps its name

@@ -60,7 +60,7 @@ def test_an_ab_replica_holds_the_factors_and_the_moments_of_what_its_group_train
 
 def test_a_ranks_own_file_is_its_buffers_rng_ledger_and_run_state():
     cfg = tiny_config(
-        "model={name: resnet50, dropout: 0.0, init: default}"
+        "model={name: resnet50, dropout: 0.0, zero_init_last: false, init: default}"
     )  # BatchNorm: 159 buffers
     model = models.build(cfg, 10)
     run = RunState(phase=Phase("warmup"))

@@ -81,3 +81,29 @@ def test_bad_experiment_values_stop_naming_the_key(sets, named):
     p["experiments"]["set"] = sets
     with pytest.raises(abconfig.ConfigError, match=named):
         trained(p, "ab-2x2", None)
+
+
+def test_only_the_keys_use_best_names_come_from_the_search():
+    p = copy.deepcopy(P)
+    p["search"]["use_best"] = ["ab.warmup_steps"]
+    cfg = trained(p, "ab-2x2", best(0.003))
+    assert cfg.optim.lr == P["train"]["optim"]["lr"]  # not carried: train's
+    assert cfg.ab.warmup_steps == round(0.3 * cfg.steps)  # carried
+    p["search"]["use_best"] = []
+    assert trained(p, "ab-2x2", best(0.003)).ab.warmup_steps != round(0.3 * cfg.steps)
+
+
+@pytest.mark.parametrize(
+    ("keys", "named"),
+    [
+        (["optim.nope"], "use_best: optim.nope is not a key of search.space"),
+        (["ab.group_size"], "use_best: ab.group_size is tied to the search workers' shape"),
+    ],
+)
+def test_use_best_names_keys_of_the_space(keys, named):
+    from search import space
+
+    raw = copy.deepcopy(P["search"])
+    raw["use_best"] = keys
+    with pytest.raises(space.SpaceError, match=named):
+        space.load(raw)

@@ -138,7 +138,7 @@ def test_repro_runs_every_stage_to_a_report_with_measured_numbers(mini):
         assert [r["step"] for r in curve] == [e["step"] for e in s["evals"]]
         assert curve[-1]["run"] == name and curve[-1]["samples"] > 0
         assert curve[-1]["inter_node_mb"] >= curve[0]["inter_node_mb"] > 0
-    best = json.loads((repo / "runs/search/propulate/best.json").read_text())
+    best = json.loads((repo / RECORD[0]).read_text())
     assert best["evaluations"] == 2
     cfg = json.loads((repo / "runs/train/ab-2x1/config.json").read_text())
     assert cfg["optim"]["lr"] == pytest.approx(best["params"]["optim.lr"])  # use_best
@@ -178,6 +178,42 @@ def test_second_repro_does_nothing(mini):
     assert again.returncode == 0
     assert "Running stage" not in again.stdout
     assert "up to date" in (again.stdout + again.stderr).lower()
+
+
+def git(repo: Path, *args: str) -> str:
+    who = ["-c", "user.email=t@t", "-c", "user.name=t"]
+    return subprocess.run(
+        ["git", *who, *args], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout
+
+
+RECORD = ("results/search/propulate/best.json", "results/search/propulate/evaluations.jsonl")
+
+
+def test_a_fresh_clone_trains_from_the_committed_search_record(mini, tmp_path):
+    """As a new user: clone what was committed (the searches' records, dvc.lock, results)
+    and `dvc repro`. The searches don't run again (their outcome moves with timing); every
+    run trains again, and gives back the committed figures exactly."""
+    repo, _ = mini
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "the pipeline's outputs")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(repo), str(clone))
+    assert not (clone / "runs").exists()  # nothing of the search's workspace travels
+    again = dvc(clone, "repro")
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert "Running stage 'search@" not in again.stdout
+    for name in RUN_NAMES:
+        assert f"Running stage 'train@{name}'" in again.stdout
+        mine, theirs = (
+            json.loads((r / "metrics" / f"{name}.json").read_text()) for r in (clone, repo)
+        )
+        mine.pop("wall_minutes"), theirs.pop("wall_minutes")
+        assert mine == theirs, name
+    for path in RECORD:
+        assert (clone / path).read_bytes() == (repo / path).read_bytes()
+    status = dvc(clone, "status", "--json")
+    assert json.loads(status.stdout) == {}, status.stdout
 
 
 def changed_by(repo: Path, edit) -> set[str]:
@@ -297,7 +333,7 @@ def test_the_paper_profile_validates_and_every_stage_resolves(tmp_path, monkeypa
         common, "train_size", lambda cfg: {"imagenet": 1_281_167, "cifar10": 50_000}[cfg.data.name]
     )
     runs = common.runs(paper)
-    assert len(runs) == 57
+    assert len(runs) == 58
     for run in runs.values():
         sets = common.run_overrides(paper, run, None)
         assert any(s.startswith("steps=") for s in sets)
@@ -353,3 +389,22 @@ def test_an_experiments_value_is_the_one_trained(mini):
     assert f"optim.lr={lr}  <- experiments.set; replaces" in run.stdout
     cfg = json.loads((repo / "runs" / "train" / "ab-2x1" / "config.json").read_text())
     assert cfg["optim"]["lr"] == lr
+
+
+def test_a_search_rerun_is_one_command_and_retrains_what_follows(mini):
+    """The README's command for a rerun on purpose: the finished search is moved aside (not
+    resumed), searched afresh, its record rewritten, and the runs after it retrained."""
+    repo, _ = mini
+    before = (repo / RECORD[1]).read_text()
+    rerun = dvc(repo, "repro", "--force", "--downstream", "search@propulate")
+    assert rerun.returncode == 0, rerun.stdout[-4000:] + rerun.stderr[-4000:]
+    assert "holds a finished search with these settings" in rerun.stdout
+    assert len(list((repo / "runs" / "search").glob("propulate.moved-*"))) >= 1
+    assert "Running stage 'search@optuna'" not in rerun.stdout  # not downstream of it
+    for name in RUN_NAMES:
+        assert f"Running stage 'train@{name}'" in rerun.stdout
+    after = (repo / RECORD[1]).read_text()
+    assert after != before  # new evaluations (their times at least)
+    assert len(after.splitlines()) == 2  # the budget: search.evaluations
+    status = dvc(repo, "status", "--json")
+    assert json.loads(status.stdout) == {}, status.stdout
