@@ -174,14 +174,21 @@ def gap_parts(s: dict, base: dict) -> dict[str, float]:
 GROUPS_IN_NODES = ("ab", "ab_individual", "ab_powersgd")
 
 
+def saved_config(path: Path) -> abconfig.Config | None:
+    """A run folder's config; None where there is none, or it is of an older abtrain."""
+    try:
+        return abconfig.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError):  # ConfigError is a ValueError
+        return None
+
+
 def table2(done: dict[str, dict], p: dict) -> list[dict[str, Any]]:
     rows = []
     for name, s in done.items():
         if s["method"] not in abconfig.AB_METHODS:  # nothing factorised: no compression
             continue
         base = baseline(done, s)
-        saved = RUNS / "train" / name / "config.json"  # ECR* needs the run's schedule
-        cfg = abconfig.from_dict(json.loads(saved.read_text())) if saved.exists() else None
+        cfg = saved_config(RUNS / "train" / name / "config.json")  # ECR* needs its schedule
         c = s["compression_ratio"]
         rows.append(
             dict(
@@ -472,12 +479,22 @@ def chosen_backend(p: dict[str, Any], folders: list[Path]) -> list[str]:
         )
     ]
     if lower:
-        out.append(
+        text = (
             f"{', '.join(lower)} found a lower error on the same budget "
             f"({', '.join(f'{errors[b]:.2f}%' for b in lower)} against "
-            f"{errors[backend]:.2f}%); with evaluations this few and short, one search's "
-            "best against another's is within what a rerun of the same search moves "
-            "(below), so the choice stays with `search.backend`."
+            f"{errors[backend]:.2f}%)"
+        )
+        if RERUNS.exists():
+            sp = json.loads(RERUNS.read_text())["spread"]["best error (%)"]
+            text += (
+                f"; {sp['n']} {backend} searches with the same settings found "
+                f"{sp['min']:.2f}-{sp['max']:.2f}% (below), so the gap between the backends "
+                + ("is larger than" if min(errors[b] for b in lower) < sp["min"] else "is within")
+                + " what a rerun moves"
+            )
+        out.append(
+            text + ". Whether that best would also train a better matrix is not measured; "
+            "the runs follow `search.backend`."
         )
     return out
 
@@ -715,8 +732,8 @@ RERUNS = REPORTS / "search-reruns" / "reruns.json"
 
 
 def span(values: list[float], spec: str) -> str:
-    lo, hi = min(values), max(values)
-    return format(lo, spec) if format(lo, spec) == format(hi, spec) else f"{lo:{spec}}-{hi:{spec}}"
+    lo, hi = (format(v, spec) for v in (min(values), max(values)))
+    return lo if lo == hi else f"{lo} to {hi}"
 
 
 def headline(p: dict[str, Any], acc: list[dict], t1: list[dict]) -> str:
@@ -753,7 +770,7 @@ def headline(p: dict[str, Any], acc: list[dict], t1: list[dict]) -> str:
     for method, rows in others.items():
         text.append(
             f"`{method}`: {span([t['ratio_to_ddp'] for _, t in rows], '.3f')} of DDP's bytes, "
-            f"{span([a['diff_best'] for a, _ in rows], '+.2f')} points."
+            f"{span([a['diff_best'] for a, _ in rows], '+.2f')} points of best top-1."
         )
     if RERUNS.exists():
         d = json.loads(RERUNS.read_text())
@@ -761,7 +778,7 @@ def headline(p: dict[str, Any], acc: list[dict], t1: list[dict]) -> str:
         lr = [r["params"].get("optim.lr") for r in d["rows"] if "optim.lr" in r["params"]]
         text.append(
             f"What a rerun of the search may move: {gap['n']} Propulate searches with the "
-            f"same settings ([`search-reruns/`](search-reruns/README.md)) chose "
+            f"same settings (`reports/search-reruns/`) chose "
             + (f"learning rates from {min(lr):.2g} to {max(lr):.2g} and " if lr else "")
             + f"gave an {d['runs'][1]} − {d['runs'][0]} gap of {gap['min']:+.2f} to "
             f"{gap['max']:+.2f} points (sd {gap['sd']:.2f}) and a bytes ratio of "
