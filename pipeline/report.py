@@ -518,9 +518,8 @@ def seed_pairs(p: dict[str, Any]) -> list[str]:
     """One line per seed study (reports/seeds*/, `python -m bench.seeds`): its pair's
     difference in best top-1 at each seed. A study trained from another search result than
     the committed record is another configuration: named apart, not summarised."""
-    from pipeline.train import best_config
-
-    record = best_config(p) if p["search"]["use_best"] else None
+    path = SEARCHES / p["search"]["backend"] / "best.json"
+    record = json.loads(path.read_text()) if p["search"]["use_best"] and path.exists() else None
     out, other = [], []
     for path in sorted(REPORTS.glob("seeds*/seeds.json")):
         data = json.loads(path.read_text())

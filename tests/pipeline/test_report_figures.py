@@ -69,12 +69,13 @@ def reported(tmp_path_factory):
     repo = tmp_path_factory.mktemp("report")
     for f in ("params.yaml", "dvc.yaml", "pipeline/curves_template.json",
               "pipeline/paper_reference.json", "reports/seeds/seeds.json",
-              "reports/seeds-best-abps/seeds.json"):  # fmt: skip
+              "reports/seeds-best-abps/seeds.json", "reports/seeds-best-ab/seeds.json",
+              "results/search/propulate/best.json"):  # fmt: skip
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, repo / f)
     p = yaml.safe_load((repo / "params.yaml").read_text())
     matrix = p["experiments"]["runs"]
-    (repo / "results").mkdir()
+    (repo / "results").mkdir(exist_ok=True)  # holds the search's record already
     (repo / "plots").mkdir()
     for name, run in matrix.items():
         r = result(name, run, p["experiments"]["reference_global_batch"], p["train"]["batch_size"])
@@ -106,12 +107,15 @@ def test_the_report_gives_absolute_top1_and_explains_its_odd_values(reported):
     assert "**Compression below 1:1** (0.75:1)" in md and "r(m+n)" in md
     assert "**Negative ECR** (-25.0% for 0.75:1)" in md and "133%" in md
     assert "up to 1.60 points" in md  # the seed study, where its numbers are
-    # and each pair studied over seeds, with its differences as that study wrote them
-    study = json.loads((repo / "reports/seeds-best-abps/seeds.json").read_text())
+    # and each pair studied over seeds from the committed search record, with its
+    # differences as that study wrote them; a study of an earlier record is named apart
+    study = json.loads((repo / "reports/seeds-best-ab/seeds.json").read_text())
     diffs = ", ".join(f"{v:+.2f}" for v in study["summary"]["difference"]["per_seed"].values())
-    line = next(x for x in md.splitlines() if x.startswith("- [`seeds-best-abps/`]"))
-    assert "with the search's values: abps-2x2 - ddp-2x2 over seeds 0, 1, 2" in line
+    line = next(x for x in md.splitlines() if x.startswith("- [`seeds-best-ab/`]"))
+    assert "with the search's values: ab-2x2 - ddp-2x2 over seeds 0, 1, 2" in line
     assert f"is {diffs} points" in line
+    apart = next(x for x in md.splitlines() if x.startswith("- Trained from an earlier"))
+    assert "seeds-best-abps/" in apart and "seeds-best-abps/" not in line
     # every figure has its caption right under it, and every figure it names exists
     lines = md.splitlines()
     shown = [i for i, line in enumerate(lines) if line.startswith("![")]
