@@ -162,7 +162,7 @@ def test_resnet50_starts_each_block_as_its_shortcut():
     last = [b.bn3.weight for layer in ("layer1", "layer2", "layer3", "layer4")
             for b in getattr(model, layer)]  # fmt: skip
     assert len(last) == 16 and all(float(w.detach().abs().max()) == 0.0 for w in last)
-    assert float(model.bn1.weight.min()) == 1.0  # the others keep γ = 1
+    assert float(model.bn1.weight.detach().min()) == 1.0  # the others keep γ = 1
 
 
 def test_no_groups_runs_split_sigma_the_authors_way_and_name_their_sources():
