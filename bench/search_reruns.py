@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain.checkpoint import atomic_write_text
+from bench.seeds import spread  # n, mean, min, max, range, std (n − 1)
 
 RUNS = ("ddp-2x2", "ab-2x2")  # the baseline first
 RUNS_DIR = Path("runs/search-reruns")
@@ -100,16 +100,6 @@ def collect(names: tuple[str, ...], reruns: int, runs_dir: Path) -> list[dict[st
     return rows
 
 
-def spread(values: list[float]) -> dict[str, Any]:
-    return dict(
-        n=len(values),
-        mean=statistics.fmean(values),
-        sd=statistics.stdev(values) if len(values) > 1 else None,
-        min=min(values),
-        max=max(values),
-    )
-
-
 def seed_spread(path: Path) -> dict[str, Any] | None:
     """The matching seed study's spread of the same gap (same pair, the pipeline's best)."""
     if not path.exists():
@@ -157,7 +147,7 @@ def markdown(data: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for label, sp in s.items():
-        sd = f"{sp['sd']:.3f}" if sp["sd"] is not None else "—"
+        sd = f"{sp['std']:.3f}" if sp["std"] is not None else "—"
         lines.append(
             f"| {label} | {sp['n']} | {sp['mean']:.3f} | {sd} | {sp['min']:.3f} | {sp['max']:.3f} |"
         )
@@ -167,7 +157,7 @@ def markdown(data: dict[str, Any]) -> str:
             "",
             f"For scale, the same gap ({seeds['of']}) over seeds with the pipeline's best "
             f"([`{Path(seeds['study']).name}/`](../{Path(seeds['study']).name}/README.md)): "
-            f"mean {seeds['mean']:+.2f}, sd {seeds['sd']:.2f}, {seeds['min']:+.2f} to "
+            f"mean {seeds['mean']:+.2f}, sd {seeds['std']:.2f}, {seeds['min']:+.2f} to "
             f"{seeds['max']:+.2f} (n = {seeds['n']}).",
         ]
     lines += ["", data["verdict"], ""]
@@ -181,16 +171,16 @@ def verdict(data: dict[str, Any]) -> str:
         return "Too few searches for a spread."
     text = (
         f"Across {gap['n']} searches the chosen configuration moves, and with it the top-1 "
-        f"gap ({gap['min']:+.2f} to {gap['max']:+.2f} points, sd {gap['sd']:.2f}) and the "
-        f"bytes ratio ({ratio['min']:.3f} to {ratio['max']:.3f}, sd {ratio['sd']:.3f}): the "
+        f"gap ({gap['min']:+.2f} to {gap['max']:+.2f} points, sd {gap['std']:.2f}) and the "
+        f"bytes ratio ({ratio['min']:.3f} to {ratio['max']:.3f}, sd {ratio['std']:.3f}): the "
         "bytes ratio depends on the search through the σ cutoff and the sync mode it picks "
         "(what AB sends at a sync), the gap through every value it picks."
     )
     if seeds:
         text += (
-            f" Against the seed spread of the same gap (sd {seeds['sd']:.2f}), a rerun of "
+            f" Against the seed spread of the same gap (sd {seeds['std']:.2f}), a rerun of "
             "the search moves it "
-            + ("more" if gap["sd"] > seeds["sd"] else "no more")
+            + ("more" if gap["std"] > seeds["std"] else "no more")
             + " than a change of seed does."
         )
     return text

@@ -444,7 +444,7 @@ def rerun_spread() -> list[str]:
     ]
     for label, sp in d["spread"].items():
         out.append(
-            f"| {label} | {sp['mean']:.3f} | {fmt(sp['sd'], '.3f')} | {sp['min']:.3f} | "
+            f"| {label} | {sp['mean']:.3f} | {fmt(sp['std'], '.3f')} | {sp['min']:.3f} | "
             f"{sp['max']:.3f} |"
         )
     seeds = d.get("seed_spread")
@@ -452,7 +452,7 @@ def rerun_spread() -> list[str]:
         out += [
             "",
             f"The same gap over seeds with the committed best ({seeds['of']}, "
-            f"`{Path(seeds['study']).name}/`): mean {seeds['mean']:+.2f}, sd {seeds['sd']:.2f}.",
+            f"`{Path(seeds['study']).name}/`): mean {seeds['mean']:+.2f}, sd {seeds['std']:.2f}.",
         ]
     return out + ["", d["verdict"]]
 
@@ -781,7 +781,7 @@ def headline(p: dict[str, Any], acc: list[dict], t1: list[dict]) -> str:
             f"same settings (`reports/search-reruns/`) chose "
             + (f"learning rates from {min(lr):.2g} to {max(lr):.2g} and " if lr else "")
             + f"gave an {d['runs'][1]} − {d['runs'][0]} gap of {gap['min']:+.2f} to "
-            f"{gap['max']:+.2f} points (sd {gap['sd']:.2f}) and a bytes ratio of "
+            f"{gap['max']:+.2f} points (sd {gap['std']:.2f}) and a bytes ratio of "
             f"{ratio['min']:.3f} to {ratio['max']:.3f}. The runs train from the committed "
             f"record of one search (`results/search/{p['search']['backend']}/`), so a fresh "
             "clone's `dvc repro` gives these tables back exactly; "
