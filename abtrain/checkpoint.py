@@ -1,4 +1,4 @@
-"""Atomic files, append-only logs and resumable checkpoints.
+"""Resumable checkpoints.
 
 A checkpoint writes each distinct state once. The ranks that hold one replica (the world
 in full-rank phases, one A/B group in AB phases) share `step_N/replica_W.pt`, model
@@ -10,41 +10,17 @@ after every rank has finished, so a run killed at any moment resumes from a whol
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import json
 import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-
-def write_failed(err: OSError, path: Path) -> OSError:
-    """The same error, naming the file and the cause (a full disk: ENOSPC)."""
-    code = errno.errorcode.get(err.errno or 0, "")
-    why = f"{err.strerror or err}{f' ({code})' if code else ''}"
-    return OSError(err.errno, f"could not write {path}: {why}")
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write via a temporary file, fsync and rename: a reader never sees half a file, and
-    a write that fails leaves no temporary file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise write_failed(err, path) from None
-    os.replace(tmp, path)
+from abtrain.files import atomic_write_text, write_failed
 
 
 class _Hashing(io.RawIOBase):
@@ -195,49 +171,3 @@ def _load(path: Path, sums: dict[str, str]) -> dict[str, Any]:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:  # truncated, or not a checkpoint at all
         raise CheckpointError(f"{path} is unreadable ({type(err).__name__}: {err})") from None
-
-
-def append_lines(path: Path, lines: list[str], header: str | None = None) -> None:
-    """Append whole lines, on disk before returning; a new file starts with `header`."""
-    if not lines:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists()
-    try:
-        with open(path, "a") as f:
-            if new and header:
-                f.write(header + "\n")
-            f.write("".join(line + "\n" for line in lines))
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as err:  # a resume cuts a torn last line (cut_after)
-        raise write_failed(err, path) from None
-
-
-def csv_step(line: str) -> int | None:
-    """The step in a CSV log line's first column; None for a header or a torn line."""
-    head = line.split(",", 1)[0]
-    return int(head) if head.isdigit() else None
-
-
-def cut_after(path: Path, cutoff: int, step_of: Callable[[str], int | None], header: bool) -> None:
-    """Keep the lines of an append-only log whose step is below `cutoff` (what a checkpoint
-    at `cutoff` had seen); lines written after it, or torn by a crash, go."""
-    if not path.exists():
-        return
-    lines = path.read_text().splitlines()
-    head = lines[:1] if header else []
-    kept = [ln for ln in lines[len(head) :] if (s := step_of(ln)) is not None and s < cutoff]
-    atomic_write_text(path, "".join(ln + "\n" for ln in head + kept))
-
-
-def diff_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested dicts."""
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += diff_keys(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}")
-    return out

@@ -22,7 +22,8 @@ from pydantic import (
 )
 
 Method = Literal["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd", "ab_powersgd"]
-AB_METHODS = ("ab", "ab_nogroups", "ab_individual", "ab_powersgd")
+AB_METHODS = ("ab", "ab_nogroups", "ab_individual", "ab_powersgd")  # for validation here
+BASELINE: Method = "ddp"  # what every other method is compared with
 
 
 class ConfigError(ValueError):
@@ -337,30 +338,13 @@ def load(path: str | Path, overrides: list[str] = (), section: str = "train") ->
         raise ConfigError(f"{path}: {err}") from None
 
 
-def check_world(cfg: Config, world_size: int, ranks_per_node: int) -> int:
-    """Check the groups can be formed on this world; returns the AB group size.
-
-    Runs before init_process_group, from the launcher's environment.
-    """
-    if cfg.method not in AB_METHODS:
-        return world_size
-    if cfg.method == "ab_nogroups":  # one group, or groups of ab.group_size, all training B
-        size = cfg.ab.group_size or world_size
-        if world_size % size:
-            raise ConfigError(f"ab.group_size={size} does not divide the world size {world_size}")
-        if size < world_size and cfg.ab.sync_mode != "with_stale":
-            raise ConfigError(
-                "ab_nogroups with ab.group_size below the world averages B over the groups: "
-                "it needs ab.sync_mode=with_stale (no A ranks to share A from)"
-            )
-        return size
-    size = 1 if cfg.method == "ab_individual" else (cfg.ab.group_size or ranks_per_node)
-    key = "ab.group_size" if cfg.ab.group_size else "ranks per node (default ab.group_size)"
-    if world_size % size:
-        raise ConfigError(f"{key}={size} does not divide the world size {world_size}")
-    if world_size // size < 2:
-        raise ConfigError(
-            f"{key}={size} gives {world_size // size} group on {world_size} ranks; "
-            "AB training needs at least one A group and one B group"
-        )
-    return size
+def diff_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += diff_keys(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}")
+    return out

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from abtrain.checkpoint import append_lines, csv_step, cut_after
+from abtrain.files import append_lines, csv_step, cut_after
 
 # Every phase label the trainer sets; the table's first axis.
 PHASES = (
@@ -51,6 +51,11 @@ OPS = ("all_reduce", "broadcast", "all_gather")
 FIELDS = ("intra_bytes", "inter_bytes", "calls")
 CSV_HEADER = "step,phase,op,calls,intra_bytes,inter_bytes"
 STEP_TABLE_BYTES = len(PHASES) * len(OPS) * len(FIELDS) * 8  # int64 cells of one step
+
+
+class CollectiveFailed(RuntimeError):
+    """A collective that did not complete (a peer gone, a link cut, a timeout), named: the
+    operation, its size, the phase and step, and the group's ranks on other nodes."""
 
 
 def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
@@ -138,29 +143,43 @@ class Ledger:
             )
         self._count(op, payload, ranks, root)
 
+    def failed(self, op: str, payload: int, group: dist.ProcessGroup | None, err: Exception):
+        """`err` (gloo's "Timed out waiting 20000ms for recv operation" names neither) as a
+        CollectiveFailed naming the collective and the peers it was waiting on."""
+        ranks = group_ranks(group)
+        away = [r for r in ranks if self.nodes[r] != self.nodes[self.rank]]
+        peers = ", ".join(f"rank {r} on node {self.nodes[r]}" for r in away) or "none"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return CollectiveFailed(
+            f"{op} of {payload} bytes over ranks {ranks} in the {self.phase} phase at step "
+            f"{self.step} did not complete ({first}); its peers on other nodes: {peers}"
+        )
+
     # Collectives made by abtrain itself go through these, so none escapes the ledger.
+    def _call(self, name: str, tensor: Tensor, group, collective, **kw) -> None:
+        t0 = time.perf_counter()
+        try:
+            collective(tensor, group=group, **kw)
+        except RuntimeError as err:  # DistBackendError and gloo's own are RuntimeErrors
+            raise self.failed(name, _nbytes(tensor), group, err) from err
+        self.comm_seconds += time.perf_counter() - t0
+
     def all_reduce(
         self, tensor: Tensor, group: dist.ProcessGroup | None = None, op=dist.ReduceOp.SUM
     ) -> None:
         self.record("all_reduce", _nbytes(tensor), group)
-        t0 = time.perf_counter()
-        dist.all_reduce(tensor, op=op, group=group)
-        self.comm_seconds += time.perf_counter() - t0
+        self._call("all_reduce", tensor, group, dist.all_reduce, op=op)
 
     def all_gather(self, tensor: Tensor, group: dist.ProcessGroup | None = None) -> list[Tensor]:
         """Every rank's `tensor`, in rank order (of the group)."""
         self.record("all_gather", _nbytes(tensor), group)
         out = [torch.empty_like(tensor) for _ in group_ranks(group)]
-        t0 = time.perf_counter()
-        dist.all_gather(out, tensor, group=group)
-        self.comm_seconds += time.perf_counter() - t0
+        self._call("all_gather", tensor, group, lambda t, **kw: dist.all_gather(out, t, **kw))
         return out
 
     def broadcast(self, tensor: Tensor, src: int, group: dist.ProcessGroup | None = None) -> None:
         self.record("broadcast", _nbytes(tensor), group, root=src)
-        t0 = time.perf_counter()
-        dist.broadcast(tensor, src=src, group=group)
-        self.comm_seconds += time.perf_counter() - t0
+        self._call("broadcast", tensor, group, dist.broadcast, src=src)
 
     def allreduce_hook(self, group: dist.ProcessGroup | None):
         """A DDP comm hook: averages each gradient bucket over `group`, recording it."""
@@ -173,13 +192,16 @@ class Ledger:
             buf.div_(size)
             self._launched = time.perf_counter()
             fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
-            return fut.then(self._done)
+            return fut.then(lambda f: self._done(f, _nbytes(buf), group))
 
         return hook
 
-    def _done(self, fut):
+    def _done(self, fut, payload: int, group: dist.ProcessGroup | None):
         self._finished = time.perf_counter()
-        return fut.value()[0]
+        try:
+            return fut.value()[0]
+        except RuntimeError as err:  # surfaces in the backward pass, named
+            raise self.failed("all_reduce", payload, group, err) from err
 
     def exposed_allreduce_seconds(self) -> float:
         """Since the last call: how long the last gradient bucket's all-reduce outlasted

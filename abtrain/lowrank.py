@@ -174,3 +174,29 @@ def parameter_counts(model: nn.Module) -> tuple[int, int]:
 def compression_ratio(model: nn.Module) -> float:
     full, current = parameter_counts(model)
     return full / current
+
+
+def fit_shape(t: Tensor, shape: torch.Size) -> Tensor:
+    """Truncate or zero-pad `t` to `shape`, keeping the top-left corner."""
+    out = t.new_zeros(shape)
+    if t.dim() == len(shape):
+        region = tuple(slice(0, min(a, b)) for a, b in zip(t.shape, shape))
+        out[region] = t[region]
+    return out
+
+
+def adapt_optimizer_state(
+    opt: torch.optim.Optimizer, layers: dict[str, LowRankLayer], mode: str
+) -> None:
+    """AdamW's moments across a change of shape: carried (cut or zero-padded) or reset."""
+    for layer in layers.values():
+        for p in (layer.weight, layer.a, layer.b):
+            state = opt.state.get(p)
+            if not state:
+                continue
+            if mode == "reset":
+                del opt.state[p]
+                continue
+            for key in ("exp_avg", "exp_avg_sq"):
+                if state[key].shape != p.shape:
+                    state[key] = fit_shape(state[key], p.shape)

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from abtrain import lowrank, models, schedule
-from abtrain.config import AB_METHODS, Config
+from abtrain import lowrank, methods, models, schedule
+from abtrain.config import Config
 from abtrain.ledger import STEP_TABLE_BYTES
 
 # What torch.save adds per tensor (zip entry, 64-byte alignment, pickled key and rebuild
@@ -231,9 +231,10 @@ def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float
         norm = ring(s.batchnorm_stats * 2)
     elif cfg.dist.sync_batchnorm == "world":
         norm = ab_norm = gather_inter(s.batchnorm_stats, nodes, n) + ring(s.batchnorm_grads)
-    if cfg.method == "ddp":
+    method = methods.kind(cfg.method)
+    if not method.low_rank and not method.compresses:
         return Plan({"full": cfg.steps}, {"full": ring(full) + norm}, events)
-    if cfg.method == "powersgd":
+    if not method.low_rank:  # PowerSGD
         start = min(cfg.powersgd.start_iter, cfg.steps)
         return Plan(
             {"uncompressed": start, "full": cfg.steps - start},
@@ -253,7 +254,7 @@ def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float
     events["sync"] = cycles * (ring(8 * s.layers) + sync)  # agreeing on k; the averaging
     full_rank = ring(full) + norm
     step = {"warmup": full_rank, "ab": ab, "rebound": full_rank}
-    if cfg.method == "ab_powersgd":
+    if method.compresses:
         # one PowerSGD state for the run: its first start_iter full-rank steps (the
         # warm-up's, then the rebounds') are uncompressed
         start = min(cfg.powersgd.start_iter, steps["warmup"] + steps["rebound"])
@@ -360,13 +361,8 @@ class Footprint:
 
 def ab_groups(cfg: Config, world: int, ranks_per_node: int) -> list[tuple[list[int], str]]:
     """The A/B groups the trainer forms ([] for methods without AB phases)."""
-    from abtrain import groups
-    from abtrain.config import check_world
-
-    if cfg.method not in AB_METHODS:
-        return []
-    size = check_world(cfg, world, ranks_per_node)
-    return groups.plan(world, size, all_train_b=cfg.method == "ab_nogroups")
+    method = methods.make(cfg.method)
+    return method.group_plan(world, method.group_size(cfg, world, ranks_per_node))
 
 
 def _file(params: int, param_tensors: int, trained: int, trained_tensors: int) -> int:
@@ -419,9 +415,8 @@ def rank_state_bytes(s: Sizes, evals: int = 0, factorizations: int = 0, cuda: bo
 
 def _buckets(nbytes: int, cfg: Config) -> int:
     """DDP gradient buckets of `nbytes` (bucket_cap_mb is in MiB, as DDP reads it)."""
-    if cfg.method in ("powersgd", "ab_powersgd") and cfg.dist.backend == "gloo":
-        return 1  # the trainer's single bucket for PowerSGD on gloo
-    return max(1, math.ceil(nbytes / (cfg.dist.bucket_cap_mb * 2**20)))
+    cap = methods.make(cfg.method).bucket_cap_mb(cfg, cfg.dist.backend)
+    return max(1, math.ceil(nbytes / (cap * 2**20)))
 
 
 def ledger_calls(
@@ -459,7 +454,7 @@ def ledger_calls(
     add(0, "setup", "all_gather")  # the node map
     add(0, "setup", "broadcast")  # whether tracking could start
     prev, pending = None, False
-    compressing, full_rank_steps = cfg.method in ("powersgd", "ab_powersgd"), 0
+    compressing, full_rank_steps = methods.kind(cfg.method).compresses, 0
     for t in range(cfg.steps):
         phase = schedule.phase_at(t, cfg)
         if phase != prev:
@@ -542,7 +537,7 @@ def _memory(cfg: Config, s: Sizes, roles: set[str]) -> dict[str, dict[str, int]]
         out["total"] = sum(out.values())
         return out
 
-    compressing = cfg.method in ("powersgd", "ab_powersgd")
+    compressing = methods.kind(cfg.method).compresses
     error = s.full if compressing and cfg.powersgd.error_feedback else 0
     out = {"full": entry(s.full, s.full, 2 * s.full, error)}
     if not roles:

@@ -1,7 +1,7 @@
 """Which phase step t is in, and its learning rate. Pure functions of the step.
 
-AB methods: `warmup_steps` full-rank steps, then cycles of `ab_steps` low-rank steps and
-`rebound_steps` full-rank steps until `steps`. DDP and PowerSGD are full-rank throughout.
+A method with AB phases: `warmup_steps` full-rank steps, then cycles of `ab_steps` low-rank
+steps and `rebound_steps` full-rank steps until `steps`. Others are full-rank throughout.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from abtrain.config import AB_METHODS, Config
+from abtrain import methods
+from abtrain.config import Config
 
 PHASE_IDS = {"full": 0, "warmup": 1, "ab": 2, "rebound": 3}
 
@@ -40,7 +41,7 @@ def _phase_and_start(step: int, cfg: Config) -> tuple[Phase, int]:
     restarts the LR ramp (and re-wraps DDP inside the group), so that step is returned as
     the phase's start.
     """
-    if cfg.method not in AB_METHODS:
+    if not methods.kind(cfg.method).low_rank:
         return Phase("full"), 0
     ab = cfg.ab
     if step < ab.warmup_steps:
@@ -77,7 +78,7 @@ def phases(cfg: Config) -> list[tuple[int, Phase]]:
 
 def last_change(step: int, cfg: Config) -> int | None:
     """The latest step <= `step` at which the representation changed (None: not yet)."""
-    if cfg.method not in AB_METHODS or step < cfg.ab.warmup_steps:
+    if not methods.kind(cfg.method).low_rank or step < cfg.ab.warmup_steps:
         return None
     return _phase_and_start(step, cfg)[1]
 

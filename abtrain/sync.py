@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from abtrain import lowrank
 from abtrain.groups import ABGroups, Fanout
@@ -57,14 +56,24 @@ def shared_state(model: nn.Module, layers: dict[str, LowRankLayer]) -> list[Tens
     return [t.data for t in shared_params(model, layers) + buffers]
 
 
+def _flat(tensors: list[Tensor]) -> Tensor:
+    """One buffer for one collective instead of one per tensor."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _pieces(flat: Tensor, tensors: list[Tensor]) -> list[Tensor]:
+    """`flat` cut back into views shaped like `tensors`."""
+    return [p.view_as(t) for p, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+
 def _average(tensors: list[Tensor], ledger: Ledger, group=None) -> None:
     """Average `tensors` in place over `group` with one all-reduce."""
     if not tensors:
         return
-    flat = _flatten_dense_tensors(tensors)
+    flat = _flat(tensors)
     ledger.all_reduce(flat, group)
     flat.div_(dist.get_world_size(group))
-    for t, avg in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+    for t, avg in zip(tensors, _pieces(flat, tensors)):
         t.copy_(avg)
 
 
@@ -72,13 +81,23 @@ def share(tensors: list[Tensor], ledger: Ledger, route: Fanout) -> None:
     """Give every rank `route.root`'s `tensors` (one dtype), across nodes first."""
     if not tensors:
         return
-    flat = _flatten_dense_tensors(tensors)
+    flat = _flat(tensors)
     if route.across is not None:
         ledger.broadcast(flat, route.root, route.across)
     if route.within is not None:
         ledger.broadcast(flat, route.local_root, route.within)
-    for t, new in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+    for t, new in zip(tensors, _pieces(flat, tensors)):
         t.copy_(new)
+
+
+@torch.no_grad()
+def share_model(model: nn.Module, ledger: Ledger, route: Fanout) -> None:
+    """`route.root`'s parameters and buffers to every rank, one dtype at a time."""
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        by_dtype.setdefault(t.dtype, []).append(t.data)
+    for tensors in by_dtype.values():
+        share(tensors, ledger, route)
 
 
 @torch.no_grad()

@@ -32,6 +32,14 @@ class TrackingError(RuntimeError):
     pass
 
 
+class TrackingLost(TrackingError):
+    """The store went away mid-run under `tracking.required: true`: the run stopped at a
+    checkpoint (every rank together) and resumes from it when started again."""
+
+
+UNSENT = "mlflow_unsent.jsonl"  # in the run folder: what a lost store did not get
+
+
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out = {}
     for k, v in d.items():
@@ -107,15 +115,88 @@ def dataset_digest(description: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class Tracker:
-    """Does nothing unless `active`; every method is safe to call on any rank."""
+def run_tags(cfg: Config, where: dict[str, Any], global_batch: int, out: Path) -> dict[str, Any]:
+    """A new run's tags: what it trains and on what, the commit, the folder it writes;
+    `where`: world_size, nodes, ranks_per_node."""
+    commit = git_commit()
+    return dict(
+        method=cfg.method,
+        model=cfg.model.name,
+        dataset=cfg.data.name,
+        world_size=where["world_size"],
+        nodes=where["nodes"],
+        ranks_per_node=where["ranks_per_node"],
+        batch_size=cfg.batch_size,
+        global_batch=global_batch,
+        git_commit=commit,
+        out_dir=str(out.resolve()),
+        **source_tags(commit),
+        **cfg.tracking.tags,
+    )
 
-    def __init__(self, cfg: Config, active: bool) -> None:
+
+def describe_dataset(cfg: Config, task: Any) -> dict[str, Any]:
+    """The training data as MLflow's input: a prepared folder is named by its folder and
+    identified by its meta.json; generated data by its config and seed."""
+    d = cfg.data
+    meta = getattr(task, "meta", None)
+    if meta is None:
+        described = dict(d.model_dump(mode="json"), seed=cfg.seed)
+        name, source, val = d.name, f"generated (seed {cfg.seed})", d.val_samples
+    else:
+        described = meta
+        name, source = Path(d.prepared).name, d.source or f"torchvision {d.name}"
+        val = sum(meta["counts"]["val"].values())
+    profile = dict(train_samples=len(task), val_samples=val, classes=task.classes)
+    if meta is not None:
+        profile["prepared"] = d.prepared
+    return dict(name=name, digest=dataset_digest(described), source=source, profile=profile)
+
+
+def open_for_run(
+    cfg: Config, out: Path, rank: int, device: Any, ledger: Any
+) -> tuple[Tracker, Any]:
+    """Rank 0 takes the run folder (one run at a time in it; its lock is returned) and
+    opens the store; every rank learns whether it could, so all stop alike."""
+    import torch
+
+    from abtrain.checkpointer import take_folder
+
+    tracker, lock, error = Tracker(cfg, active=False), None, ""
+    if rank == 0:
+        lock, error = take_folder(out)
+    if rank == 0 and cfg.tracking.enabled and not error:
+        try:
+            tracker = Tracker(cfg, active=True, out=out)
+        except TrackingError as err:
+            error = str(err)
+    ok = torch.tensor([0 if error else 1], device=device)
+    ledger.broadcast(ok, src=0)
+    if not ok.item():
+        raise TrackingError(error or "rank 0 could not take the run folder or reach the store")
+    return tracker, lock
+
+
+class Tracker:
+    """Does nothing unless `active`; every method is safe to call on any rank.
+
+    A store that goes away mid-run never stops training by itself: the request that fails
+    is reported once, with its step, and `lost` says why. Metrics are kept and sent again at
+    the next flush (so a store that comes back gets them all); what is still unsent at the
+    end goes to `OUT/mlflow_unsent.jsonl`. Under `tracking.required: true` the trainer
+    then stops at its next checkpoint (`must_stop`).
+    """
+
+    def __init__(self, cfg: Config, active: bool, out: Path | None = None) -> None:
         self.client = None
         self.run_id: str | None = None
         self.model_uri: str | None = None
+        self.lost: str | None = None  # why the store stopped answering, while it doesn't
+        self.required = cfg.tracking.required
+        self.out = out
         self._buffer: list[Any] = []
         self._monitor = None
+        self._step = 0  # the last step metrics were logged at, for the report of a loss
         if not active:
             return
         uri = cfg.tracking.uri or default_uri()
@@ -154,6 +235,7 @@ class Tracker:
         if run_id is not None:
             self.run_id = run_id
             self.client.update_run(run_id, status="RUNNING")
+            self._send_kept()
         else:
             run = self.client.create_run(
                 self.experiment_id, run_name=name, tags={k: str(v) for k, v in tags.items()}
@@ -204,35 +286,98 @@ class Tracker:
         except Exception as err:
             print(f"[abtrain] warning: system metrics: {err}", file=sys.stderr)
 
+    @property
+    def must_stop(self) -> bool:
+        """The store is gone and the config says the run needs it."""
+        return self.lost is not None and self.required
+
+    def _send(self, what: str, request: Any, *args: Any) -> bool:
+        """One request to the store; False (reported once per loss) if it failed."""
+        try:
+            request(*args)
+        except Exception as err:
+            if self.lost is None:
+                self.lost = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+                then = "stopping at the next checkpoint" if self.required else "training on"
+                print(
+                    f"[abtrain] warning: tracking store {self.uri} lost at step {self._step} "
+                    f"({what}: {self.lost}); {then}, keeping what it did not get",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return False
+        if self.lost is not None:
+            print(f"[abtrain] tracking store {self.uri} is back", file=sys.stderr, flush=True)
+            self.lost = None
+        return True
+
     def metrics(self, step: int, values: dict[str, float]) -> None:
         if self.client is None:
             return
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
+        self._step = step
         self._buffer += [Metric(k, float(v), now, step) for k, v in values.items()]
-        if len(self._buffer) >= 500:
+        if len(self._buffer) >= 500 and self.lost is None:
             self.flush()
 
     def flush(self) -> None:
-        if self.client is None or not self._buffer:
+        if self.client is None or self.run_id is None:
             return
-        for i in range(0, len(self._buffer), 1000):
-            self.client.log_batch(self.run_id, metrics=self._buffer[i : i + 1000])
-        self._buffer = []
+        while self._buffer:
+            batch = self._buffer[:1000]
+            if not self._send("metrics", self.client.log_batch, self.run_id, batch):
+                return
+            self._buffer = self._buffer[len(batch) :]
 
     def text(self, content: str, artifact_file: str) -> None:
         """A small artifact from memory (replaced if it exists)."""
         if self.client is None or self.run_id is None:
             return
-        self.client.log_text(self.run_id, content, artifact_file)
+        self._send(artifact_file, self.client.log_text, self.run_id, content, artifact_file)
 
     def artifacts(self, paths: list[Path]) -> None:
-        if self.client is None:
+        if self.client is None or self.run_id is None:
             return
         for p in paths:
             if p.exists():
-                self.client.log_artifact(self.run_id, str(p))
+                self._send(p.name, self.client.log_artifact, self.run_id, str(p))
+
+    def _send_kept(self) -> None:
+        """A resumed run sends what a lost store did not get before (then forgets it)."""
+        from mlflow.entities import Metric
+
+        path = self.out / UNSENT if self.out is not None else None
+        if path is None or not path.exists():
+            return
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        self._buffer = [Metric(**r) for r in rows] + self._buffer
+        self.flush()
+        if not self._buffer:
+            path.unlink()
+            print(f"[abtrain] sent {len(rows)} kept metric values from {path}", flush=True)
+
+    def _keep_unsent(self) -> None:
+        """Metrics the store never got, one JSON object a line (MLflow's fields), in the
+        run folder: nothing measured is lost with the store."""
+        if not self._buffer or self.out is None:
+            return
+        from abtrain.files import append_lines
+
+        path = self.out / UNSENT
+        rows = [
+            json.dumps(dict(key=m.key, value=m.value, timestamp=m.timestamp, step=m.step))
+            for m in self._buffer
+        ]
+        append_lines(path, rows)
+        print(
+            f"[abtrain] warning: tracking store {self.uri} did not get {len(rows)} metric "
+            f"values ({self.lost}); they are in {path}, the run's files in {self.out}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._buffer = []
 
     def model(self, model: Any, example: Any, step: int) -> None:
         """Log `model` (a plain torch module on the CPU) as an MLflow model of this run,
@@ -245,6 +390,8 @@ class Tracker:
         from mlflow.models import infer_signature
 
         self.flush()  # the model is linked to the run's metrics at `step`
+        if self.lost is not None:
+            raise TrackingError(f"tracking store {self.uri} lost ({self.lost})")
         mlflow.set_tracking_uri(self.uri)
         # without it the model would go to the "Default" experiment, not to its run's
         mlflow.set_experiment(experiment_id=self.experiment_id)
@@ -271,4 +418,6 @@ class Tracker:
             return
         self.flush()
         self._stop_system_metrics()
-        self.client.set_terminated(self.run_id, status=status)
+        self._keep_unsent()
+        if self.lost is None:
+            self._send("end of run", self.client.set_terminated, self.run_id, status)

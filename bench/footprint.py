@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from abtrain import checkpoint, config, models
-from abtrain.checkpoint import atomic_write_text
+from abtrain.files import atomic_write_text
 
 RESULTS = Path("bench/results")
 SETTINGS = [

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import yaml
 
 from abtrain import config, groups, lowrank, models, planner, sync
-from abtrain.checkpoint import atomic_write_text
+from abtrain.files import atomic_write_text
 from abtrain.ledger import Ledger
 from abtrain.models.init import ortho_sigma_
 

@@ -4,7 +4,7 @@ share of a training step spent waiting for data.
     python -m bench.loader [--images 2000 --workers 2 --out bench/results/loader.json]
 
 Generates (once, under --data) an ImageFolder tree of photo-like ~500x375 JPEGs, prepares it
-through `abtrain.data.prepare`, then measures
+through `abtrain.prepare.prepare`, then measures
   (a) images/s of `ImageTask.train_batches` (RandomResizedCrop + flip + normalise),
   (b) images/s of torchvision's ImageFolder + DataLoader with the same workers, batch,
       prefetch and transforms, rounds alternating with (a) on this shared machine,
@@ -34,7 +34,9 @@ import torch
 from PIL import Image
 
 from abtrain import config as abconfig
-from abtrain import data
+from abtrain.loader import CROP_RATIO, CROP_SCALE, PREFETCH, StepSampler, _init_worker
+from abtrain.prepare import IMAGENET_STATS, prepare
+from abtrain.tasks import ImageTask, make_task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,7 +109,7 @@ def make_tree(a: argparse.Namespace) -> Path:
     return tree
 
 
-def image_task(a: argparse.Namespace, tree: Path, workers: int) -> data.ImageTask:
+def image_task(a: argparse.Namespace, tree: Path, workers: int) -> ImageTask:
     d = dict(
         name="imagefolder",
         source=str(tree),
@@ -120,9 +122,9 @@ def image_task(a: argparse.Namespace, tree: Path, workers: int) -> data.ImageTas
         workers=workers,
     )
     cfg = abconfig.load(ROOT / "params.yaml", [f"data={json.dumps(d)}", "tracking.enabled=false"])
-    data.prepare(cfg.data)
-    task = data.make_task(cfg)
-    assert isinstance(task, data.ImageTask) and not task.meta["cached"]
+    prepare(cfg.data)
+    task = make_task(cfg)
+    assert isinstance(task, ImageTask) and not task.meta["cached"]
     return task
 
 
@@ -159,9 +161,9 @@ def measure(
 
 
 def abtrain_loader(
-    task: data.ImageTask, a: argparse.Namespace, rnd: int, n: int
+    task: ImageTask, a: argparse.Namespace, rnd: int, n: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    return task.train_batches(data.StepSampler(len(task), a.batch, 0, 1, seed=rnd), 0, n)
+    return task.train_batches(StepSampler(len(task), a.batch, 0, 1, seed=rnd), 0, n)
 
 
 def torchvision_dataset(tree: Path, a: argparse.Namespace) -> Any:
@@ -169,10 +171,10 @@ def torchvision_dataset(tree: Path, a: argparse.Namespace) -> Any:
     from torchvision import datasets
     from torchvision.transforms import v2
 
-    mean, std = data.IMAGENET_STATS
+    mean, std = IMAGENET_STATS
     transform = v2.Compose(
         [
-            v2.RandomResizedCrop(a.size, scale=data.CROP_SCALE, ratio=data.CROP_RATIO),
+            v2.RandomResizedCrop(a.size, scale=CROP_SCALE, ratio=CROP_RATIO),
             v2.RandomHorizontalFlip(),
             v2.PILToTensor(),
             v2.ToDtype(torch.float32, scale=True),
@@ -196,20 +198,20 @@ def torchvision_loader(
         drop_last=True,
         num_workers=a.workers,
         pin_memory=torch.cuda.is_available(),
-        prefetch_factor=data.PREFETCH if a.workers else None,
-        worker_init_fn=data._init_worker if a.workers else None,
+        prefetch_factor=PREFETCH if a.workers else None,
+        worker_init_fn=_init_worker if a.workers else None,
     )
     return iter(loader)
 
 
 # ---------------------------------------------------------------- training
-def train_run(a: argparse.Namespace, task: data.ImageTask) -> dict[str, Any]:
+def train_run(a: argparse.Namespace, task: ImageTask) -> dict[str, Any]:
     import torchvision
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = getattr(torchvision.models, a.model)(num_classes=task.classes).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    sampler = data.StepSampler(len(task), a.train_batch, 0, 1, seed=0)
+    sampler = StepSampler(len(task), a.train_batch, 0, 1, seed=0)
     n = a.train_warmup + a.train_steps
     # what the workers have to keep up with: one batch decoded in-process, on one core
     threads = torch.get_num_threads()
@@ -340,7 +342,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             workers=a.workers,
             batch=a.batch,
             size=a.size,
-            prefetch_per_worker=data.PREFETCH,
+            prefetch_per_worker=PREFETCH,
             warmup_batches=warmup,
             timed_batches=a.batches,
             **through,

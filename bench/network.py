@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
-from abtrain.checkpoint import atomic_write_text
+from abtrain.files import atomic_write_text
 from bench.cluster import Cluster, tbf_burst
 
 RESULTS = Path("bench/results")
@@ -190,7 +190,7 @@ def estimate(runs: list[tuple[int, int, str | None, str]], a: argparse.Namespace
     plus its start-up and evaluations as that run measured them."""
     import yaml
 
-    from abtrain.__main__ import predict
+    from abtrain.plan import predict
     from abtrain.planner import count_evaluations
     from bench.planner import rate_bytes_per_s
 
@@ -341,7 +341,7 @@ def write_rate(a: argparse.Namespace, rate: str | None, results: list[dict[str, 
         r["steps_to_target"] = got and got["step"]
         r["seconds_to_target"] = got and got["seconds"]
     try:
-        from abtrain.__main__ import data_classes
+        from abtrain.plan import data_classes
 
         classes: int | None = data_classes(abconfig.load(a.config, a.set))[0]
     except (abconfig.ConfigError, OSError):

@@ -19,9 +19,9 @@ from pathlib import Path
 import yaml
 
 from abtrain import config as abconfig
-from abtrain.__main__ import phase_compute
-from abtrain.checkpoint import atomic_write_text
-from abtrain.config import AB_METHODS
+from abtrain.files import atomic_write_text
+from abtrain.methods import kind
+from abtrain.plan import phase_compute
 from abtrain.planner import Plan, footprint, plan, step_flops, timing
 from pipeline.common import base_config, run_overrides, runs
 
@@ -202,7 +202,7 @@ def main() -> int:
     for name, run in runs(p).items():
         size, classes = DATASETS[base_config(p, run).data.name]
         cfg = abconfig.from_dict(p["train"], run_overrides(p, run, None, size=size))
-        for keep in (1.0, 0.5) if run.method in AB_METHODS else (1.0,):
+        for keep in (1.0, 0.5) if kind(run.method).low_rank else (1.0,):
             f = footprint(cfg, run.nodes, run.ranks_per_node, classes, keep)
             kept.append(
                 dict(

@@ -36,8 +36,8 @@ from typing import Any
 import yaml
 
 from abtrain import config as abconfig
-from abtrain.__main__ import phase_compute
-from abtrain.checkpoint import atomic_write_text
+from abtrain.files import atomic_write_text
+from abtrain.plan import phase_compute
 from abtrain.planner import plan, timing
 from bench.planner import measured_mean, rate_bytes_per_s
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from abtrain.checkpoint import atomic_write_text
+from abtrain.files import atomic_write_text
 from bench.seeds import spread  # n, mean, min, max, range, std (n − 1)
 
 RUNS = ("ddp-2x2", "ab-2x2")  # the baseline first

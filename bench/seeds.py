@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from abtrain.files import atomic_write_text
+
 RUNS = ("ddp-2x2", "ab-2x2")  # the baseline first
 SEEDS = (0, 1, 2)
 RUNS_DIR = Path("runs/seeds")
@@ -251,12 +253,6 @@ def verdict(summary: dict[str, Any], head: float | None, base: str, other: str) 
     return text
 
 
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def report(
     names: tuple[str, ...],
     seeds: tuple[int, ...],
@@ -292,8 +288,8 @@ def report(
     )
     data["verdict"] = verdict(summary, head, names[0], names[1])
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "seeds.json", json.dumps(data, indent=2) + "\n")
-    atomic_write(out / "README.md", markdown(data))
+    atomic_write_text(out / "seeds.json", json.dumps(data, indent=2) + "\n")
+    atomic_write_text(out / "README.md", markdown(data))
     return data
 
 

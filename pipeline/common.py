@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
+from search import space
 
 PARAMS = Path("params.yaml")
 RUNS = Path("runs")
@@ -123,6 +124,12 @@ class Override:
         return f"{self.key}={self.value}"
 
 
+# The fewest steps a schedule fraction becomes in a run of the matrix (`space.to_steps`, whose
+# docstring says where this differs from the search's floor): AB phase lengths need a step
+# at least; warm-ups, and every other knob, may be empty.
+RUN_FLOORS = {"ab.ab_steps": 1, "ab.rebound_steps": 1}
+
+
 def resolve(
     p: dict[str, Any], run: Run, best: dict[str, Any] | None, size: int | None = None
 ) -> list[Override]:
@@ -150,8 +157,6 @@ def resolve(
     ]
     fractions = {k: (v, "experiments.schedule") for k, v in e["schedule"].items()}
     if best is not None:
-        from search import space
-
         s = space.load(p["search"]).space
         origin = f"search best ({best.get('backend', p['search']['backend'])})"
         for key, value in best["params"].items():
@@ -161,10 +166,9 @@ def resolve(
                 fractions[key] = (value, origin)
             else:
                 out.append(Override(key, json.dumps(value), origin))
-    # AB phase lengths need a step at least; warm-ups may be empty
     for k, (v, origin) in fractions.items():
-        floor = 1 if k in ("ab.ab_steps", "ab.rebound_steps") else 0
-        out.append(Override(k, str(max(floor, round(v * steps))), f"{origin}: {v:g} of steps"))
+        value = space.to_steps(v, steps, floor=RUN_FLOORS.get(k, 0))
+        out.append(Override(k, str(value), f"{origin}: {v:g} of steps"))
     for origin, texts in ((f"{matrix}.set", run.set), ("experiments.set", experiment_sets(p))):
         for text in texts:
             key, _, value = text.partition("=")

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from abtrain.checkpoint import atomic_write_text
+from abtrain.files import atomic_write_text
 
 DVC_YAML = Path("dvc.yaml")
 TEMPLATE = "pipeline/curves_template.json"

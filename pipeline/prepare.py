@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from abtrain.data import DataError, prepare
+from abtrain.prepare import prepare
+from abtrain.sources import DataError
 from pipeline.common import data_configs, params
 
 

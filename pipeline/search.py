@@ -24,9 +24,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from abtrain.checkpoint import atomic_write_text
+from abtrain.files import atomic_write_text
 from pipeline.common import RUNS, SEARCHES, params
 from search import record
+from search.launch import mpirun_command
 
 Starter = Callable[[list[str]], int]  # launches the search with these extra arguments
 
@@ -59,8 +60,7 @@ def move_aside(out: Path) -> Path:
 
 def run_mpirun(ranks: int, args: list[str]) -> int:
     """`python -m search ARGS` on `ranks` MPI ranks of this machine; its exit code."""
-    cmd = [str(Path(sys.executable).parent / "mpirun"), "-n", str(ranks), "--oversubscribe"]
-    cmd += ["--bind-to", "none", sys.executable, "-m", "mpi4py", "-m", "search", *args]
+    cmd = mpirun_command(ranks, args)
     env = dict(os.environ)
     if os.geteuid() == 0:  # Open MPI refuses root unless told
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from abtrain.checkpoint import atomic_write_text
+from abtrain.files import atomic_write_text
+from search.launch import mpirun_command
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 q = shlex.quote
@@ -156,10 +157,10 @@ def search_script(
 ) -> str:
     """The search: one allocation, mpirun with one rank per task inside it."""
     lines = _header(slurm, job_name, nodes, ranks_per_node, out / "slurm-%j.log")
-    lines += [
-        'mpirun -n "$SLURM_NTASKS" --bind-to none python -m mpi4py -m search '
-        + " ".join(q(a) for a in args),
-    ]
+    ntasks = '"$SLURM_NTASKS"'  # the allocation's task count: the one word the shell expands
+    words = mpirun_command(ntasks, args, here=False)
+    count = words.index("-n") + 1
+    lines.append(" ".join(w if i == count else q(w) for i, w in enumerate(words)))
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
-from abtrain.checkpoint import atomic_write_text
+from abtrain.files import atomic_write_text
 from abtrain.launch import run_local
 from pipeline.common import PARAMS, RUNS, SEARCHES, Run, params, provenance, resolve, runs
 

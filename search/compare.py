@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from abtrain.checkpoint import atomic_write_text
+from abtrain.files import atomic_write_text
 from search.record import SearchError, evaluations
 
 

@@ -5,7 +5,6 @@ Its own module so the imports run one way: driver -> backends -> context.
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 import time
@@ -27,10 +26,10 @@ class Context:
         world: Any,
         started: float,
         parent: str,
-        tracking: record.Tracking,
+        mlflow_runs: record.SearchRuns,
     ) -> None:
         self.train_raw, self.scfg, self.out, self.world = raw["train"], scfg, out, world
-        self.started, self.parent, self.tracking = started, parent, tracking
+        self.started, self.parent, self.mlflow_runs = started, parent, mlflow_runs
         self.steps = search_base(raw, scfg).steps
         workers = world.size // scfg.ranks_per_worker
         # Propulate runs whole generations: every worker evaluates ceil(budget / workers)
@@ -49,7 +48,7 @@ class Context:
         sets = space.overrides(hp, self.scfg.space, self.steps)
         run_overrides = [*self.scfg.train, *sets, "tracking.enabled=false"]
         root = comm.rank == 0
-        child = self.tracking.child(self.parent, tag, tags, hp) if root else ""
+        child = self.mlflow_runs.child(self.parent, tag, tags, hp) if root else ""
         t0 = time.time() - self.started
         if root:
             done = len(record.evaluations(self.out))
@@ -78,7 +77,7 @@ class Context:
                 t_end=time.time() - self.started,
             )
             record.append_evaluation(self.out, row)
-            self.tracking.finish_child(child, outcome)
+            self.mlflow_runs.finish_child(child, outcome)
             self.report(tag, outcome, time.time() - self.started - t0)
         return outcome
 
@@ -122,6 +121,4 @@ def _short(override: str) -> str:
 
 def search_base(raw: dict[str, Any], scfg: space.SearchConfig) -> abconfig.Config:
     """The config of the search's runs at the space's low corner (validated already)."""
-    steps = abconfig.apply_overrides(copy.deepcopy(raw["train"]), scfg.train)["steps"]
-    low = space.overrides(space.corner(scfg.space), scfg.space, steps)
-    return abconfig.from_dict(raw["train"], [*scfg.train, *low])
+    return abconfig.from_dict(*space.low_corner(raw["train"], scfg))

@@ -51,9 +51,8 @@ def validate(args: argparse.Namespace, world_size: int) -> tuple[dict, space.Sea
     if args.backend:
         raw["search"]["backend"] = args.backend
     scfg = space.load(raw["search"])
-    base = abconfig.apply_overrides(copy.deepcopy(raw["train"]), scfg.train)
+    base, low = space.low_corner(raw["train"], scfg)
     space.check_exists(scfg.space, base)
-    low = space.overrides(space.corner(scfg.space), scfg.space, base["steps"])
     try:  # the search's runs: `train`, `search.train`, and a point of the space
         abconfig.from_dict(base, low)
     except abconfig.ConfigError as err:
@@ -118,17 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     objective.local_threads(world)
     t = search_base(raw, scfg).tracking
     worker_root = world.rank % scfg.ranks_per_worker == 0  # the only ranks that log
-    tracking = record.Tracking(t.uri, t.experiment, t.enabled and world.rank == 0)
+    mlflow_runs = record.SearchRuns(t.uri, t.experiment, t.enabled and world.rank == 0)
     world.Barrier()  # rank 0 has created the store: no concurrent schema migrations
     if world.rank != 0:
-        tracking = record.Tracking(t.uri, t.experiment, t.enabled and worker_root)
+        mlflow_runs = record.SearchRuns(t.uri, t.experiment, t.enabled and worker_root)
     if world.rank == 0:
-        state["parent"] = tracking.parent(
+        state["parent"] = mlflow_runs.parent(
             f"search-{scfg.backend}", scfg.model_dump(mode="json"), state.get("parent")
         )
         record.atomic_write_text(out / "search.json", json.dumps(state, indent=2))
     state = world.bcast(state, root=0)
-    ctx = Context(raw, scfg, out, world, state["started"], state["parent"], tracking)
+    ctx = Context(raw, scfg, out, world, state["started"], state["parent"], mlflow_runs)
     if scfg.backend == "propulate":
         from search.propulate_backend import run
     else:
@@ -145,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         world.Barrier()
         if world.rank == 0:
             best = record.write_best(out)
-            tracking.finish_parent(state["parent"], best)
+            mlflow_runs.finish_parent(state["parent"], best)
             print(
                 f"best error {best['error']:.2f}% (median {best['median_error']:.2f}%) after "
                 f"{best['evaluations']} evaluations in "

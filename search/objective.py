@@ -23,7 +23,9 @@ import torch
 import torch.distributed as dist
 
 from abtrain import config as abconfig
-from abtrain.trainer import Launch, Trainer, TrainingDiverged
+from abtrain import methods
+from abtrain.process import Launch
+from abtrain.trainer import Trainer, TrainingDiverged
 
 
 @dataclass
@@ -89,7 +91,7 @@ def evaluate(
     errors: list[float] = []
     try:
         cfg = abconfig.from_dict(train_raw, run_overrides)
-        abconfig.check_world(cfg, comm.size, launch_for(comm).ranks_per_node)
+        methods.check_world(cfg, comm.size, launch_for(comm).ranks_per_node)
     except abconfig.ConfigError as err:
         return Outcome(penalty, "invalid", message=str(err))
     status, message = "ok", ""

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import tracking
-from abtrain.checkpoint import atomic_write_text, diff_keys
+from abtrain.config import diff_keys
+from abtrain.files import atomic_write_text
 from abtrain.tracking import default_uri, flatten
 
 EVALUATIONS = "evaluations.jsonl"
@@ -220,8 +221,10 @@ def write_best(out: Path) -> dict[str, Any]:
     return result
 
 
-class Tracking:
-    """MLflow parent and child runs. Only worker roots call it; none of it is collective."""
+class SearchRuns:
+    """The search's MLflow runs: a parent for the search, a child for each individual or
+    trial. Only worker roots call it; none of it is collective. (abtrain.tracking.Tracker
+    is a training run's own.)"""
 
     def __init__(self, uri: str | None, experiment: str, enabled: bool) -> None:
         self.client = None

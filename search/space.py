@@ -24,31 +24,33 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class FloatParam(_Section):
+class _Range(_Section):
+    """A parameter searched between `low` and `high` (each kind declares their type)."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> _Range:
+        if not self.low < self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        return self
+
+
+class FloatParam(_Range):
     kind: Literal["float"]
     low: float
     high: float
     log: bool
 
     @model_validator(mode="after")
-    def _bounds(self) -> FloatParam:
-        if not self.low < self.high:
-            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+    def _positive(self) -> FloatParam:
         if self.log and self.low <= 0:
             raise ValueError("a log-scale range must be positive")
         return self
 
 
-class IntParam(_Section):
+class IntParam(_Range):
     kind: Literal["int"]
     low: int
     high: int
-
-    @model_validator(mode="after")
-    def _bounds(self) -> IntParam:
-        if not self.low < self.high:
-            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
-        return self
 
 
 class ChoiceParam(_Section):
@@ -56,16 +58,10 @@ class ChoiceParam(_Section):
     values: list[Any] = Field(min_length=1)
 
 
-class FractionParam(_Section):
+class FractionParam(_Range):
     kind: Literal["fraction"]
     low: float = Field(ge=0, le=1)
     high: float = Field(ge=0, le=1)
-
-    @model_validator(mode="after")
-    def _bounds(self) -> FractionParam:
-        if not self.low < self.high:
-            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
-        return self
 
 
 Param = Annotated[FloatParam | IntParam | ChoiceParam | FractionParam, Field(discriminator="kind")]
@@ -145,6 +141,15 @@ def corner(space: dict[str, Any]) -> dict[str, Any]:
     return {k: p.values[0] if p.kind == "choice" else p.low for k, p in space.items()}
 
 
+def low_corner(train_raw: dict[str, Any], scfg: SearchConfig) -> tuple[dict[str, Any], list[str]]:
+    """The search's runs at the space's low corner: `train` with `search.train` (raw, not
+    validated), and the overrides that put every parameter at its low end."""
+    import copy
+
+    base = abconfig.apply_overrides(copy.deepcopy(train_raw), scfg.train)
+    return base, overrides(corner(scfg.space), scfg.space, base["steps"])
+
+
 def _extremes(param) -> list[Any]:
     if param.kind == "choice":
         return list(param.values)
@@ -155,12 +160,24 @@ def _yaml(value: Any, param, train_raw: dict[str, Any]) -> str:
     import json
 
     if param.kind == "fraction":
-        value = to_steps(value, train_raw["steps"])
+        value = to_steps(value, train_raw["steps"], floor=SEARCHED_FLOOR)
     return json.dumps(value)
 
 
-def to_steps(fraction: float, steps: int) -> int:
-    return max(1, round(fraction * steps))
+SEARCHED_FLOOR = 1  # the search's runs: every searched knob takes a step at least
+
+
+def to_steps(fraction: float, steps: int, *, floor: int) -> int:
+    """A schedule knob given as a fraction of a run's `steps`, in steps: the nearest whole
+    number, `floor` at the least. The one rule of the search and of the pipeline's runs.
+
+    Their floors differ: the search's is SEARCHED_FLOOR for every knob, the matrix's runs
+    floor only the AB phase lengths (`pipeline.common.RUN_FLOORS`; a warm-up may be empty).
+    That tells only where a fraction rounds to 0 steps: never in params.yaml's or the paper
+    profile's runs and searches, but in the paper miniature's (runs of 3 steps, a search of
+    8) and the tests' small searches.
+    """
+    return max(floor, round(fraction * steps))
 
 
 def overrides(hp: dict[str, Any], space: dict[str, Any], steps: int) -> list[str]:
@@ -170,7 +187,7 @@ def overrides(hp: dict[str, Any], space: dict[str, Any], steps: int) -> list[str
     out = []
     for key, value in hp.items():
         if space[key].kind == "fraction":
-            value = to_steps(value, steps)
+            value = to_steps(value, steps, floor=SEARCHED_FLOOR)
         out.append(f"{key}={json.dumps(value)}")
     return out
 

@@ -1,9 +1,11 @@
-"""Shared helpers: a test config from params.yaml, and real multi-process runs."""
+"""Shared helpers: a test config from params.yaml, and real multi-process runs; and the
+check that each test carries the marks of what it starts (the tiers: pyproject.toml)."""
 
 from __future__ import annotations
 
 import json
 import os
+import queue as queues
 import subprocess
 import sys
 import tempfile
@@ -92,8 +94,12 @@ def _worker(rank, world, nodes, init_file, fn, args, queue):
         dist.destroy_process_group()
 
 
+RANK_TIMEOUT_S = 120  # the longest spawn() waits for the next rank's result
+
+
 def spawn(fn, world: int = 4, ranks_per_node: int = 2, args: tuple = ()) -> list:
     """Run fn(rank, world, *args) on `world` real gloo ranks; returns each rank's result."""
+    require_marks({"multiprocess"}, f"spawn({getattr(fn, '__name__', fn)}, world={world})")
     nodes = [r // ranks_per_node for r in range(world)]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -104,9 +110,24 @@ def spawn(fn, world: int = 4, ranks_per_node: int = 2, args: tuple = ()) -> list
         ]
         for p in procs:
             p.start()
-        results = dict(queue.get(timeout=120) for _ in procs)
-        for p in procs:
-            p.join(timeout=60)
+        results = {}
+        try:
+            while len(results) < world:
+                try:
+                    rank, res = queue.get(timeout=RANK_TIMEOUT_S)
+                except queues.Empty:
+                    missing = sorted(set(range(world)) - set(results))
+                    raise AssertionError(
+                        f"spawn({getattr(fn, '__name__', fn)}): rank(s) {missing} of {world} "
+                        f"gave no result within {RANK_TIMEOUT_S} s"
+                    ) from None
+                results[rank] = res
+        finally:
+            for p in procs:
+                p.join(timeout=60 if len(results) == world else 1)
+                if p.is_alive():  # a rank that hangs: ours, so stop it
+                    p.kill()
+                    p.join()
     for r, res in results.items():
         if isinstance(res, BaseException):
             raise AssertionError(f"rank {r} failed: {res!r}")
@@ -116,3 +137,82 @@ def spawn(fn, world: int = 4, ranks_per_node: int = 2, args: tuple = ()) -> list
 @pytest.fixture
 def tiny():
     return tiny_config
+
+
+# ---------------------------------------------------------------- the tiers' marks, checked
+# The fast tier (scripts/test-fast.sh) leaves out the tests marked multiprocess, cluster,
+# browser, pipeline and slow. A test that starts one of these programs without its mark
+# would slip into it, so it fails here instead, naming the mark it needs.
+_PROGRAMS = {
+    "multiprocess": {"torchrun", "mpirun", "mpiexec"},
+    "cluster": {"slurmctld", "slurmd", "sbatch", "srun", "salloc", "squeue", "scancel"}
+    | {"scontrol", "sinfo"},
+    "browser": {"chromium", "chromium-browser", "google-chrome"},
+    "pipeline": {"dvc"},
+}
+_MODULES = {  # python -m MODULE
+    "multiprocess": ("abtrain.launch", "torch.distributed.run"),
+    "pipeline": ("pipeline.",),
+}
+_current: pytest.Item | None = None  # the test being set up, run or torn down
+
+
+def _words(args) -> list[str]:
+    if isinstance(args, (str, bytes)):
+        return os.fsdecode(args).split()
+    if isinstance(args, os.PathLike):
+        return [os.fspath(args)]
+    return [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in args]
+
+
+def marks_needed(args) -> set[str]:
+    """The marks a test needs to start the command `args` (a list, or a shell string)."""
+    words = _words(args)
+    names = {os.path.basename(w) for w in words}
+    modules = [b for a, b in zip(words, words[1:]) if a == "-m"]
+    need = {mark for mark, programs in _PROGRAMS.items() if names & programs}
+    for mark, prefixes in _MODULES.items():
+        if any(m == p or (p.endswith(".") and m.startswith(p)) for m in modules for p in prefixes):
+            need.add(mark)
+    return need
+
+
+def require_marks(need: set[str], what: str) -> None:
+    item = _current
+    if item is None or not need:
+        return
+    have = {m.name for m in item.iter_markers()}
+    if need - have:
+        missing = sorted(need - have)
+        pytest.fail(
+            f"{item.nodeid} starts {what} but is not marked {' and '.join(missing)}: add "
+            f"@pytest.mark.{' and @pytest.mark.'.join(missing)} (or a module's "
+            "pytestmark), else it runs in the fast tier (markers: pyproject.toml)"
+        )
+
+
+_popen_init = subprocess.Popen.__init__
+
+
+def _checked_popen_init(self, args, *rest, **kwargs):
+    if _current is not None:
+        require_marks(marks_needed(args), f"`{' '.join(_words(args))[:200]}`")
+    _popen_init(self, args, *rest, **kwargs)
+
+
+def pytest_configure(config):
+    subprocess.Popen.__init__ = _checked_popen_init
+
+
+def pytest_unconfigure(config):
+    subprocess.Popen.__init__ = _popen_init
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    global _current
+    _current = item  # its fixtures too, module-scoped ones included, start under it
+    try:
+        yield
+    finally:
+        _current = None

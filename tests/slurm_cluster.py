@@ -101,7 +101,7 @@ def local_cluster(d: Path):
         _wait(
             lambda: (
                 subprocess.run(
-                    ["scontrol", "ping"], env=env, capture_output=True, text=True
+                    ["scontrol", "ping"], env=env, capture_output=True, text=True, timeout=10
                 ).stdout.count("UP")
                 > 0
             ),
@@ -134,14 +134,23 @@ def local_cluster(d: Path):
 
 def _idle(env) -> int:
     out = subprocess.run(
-        ["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True
+        ["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True, timeout=10
     ).stdout
     return sum(1 for line in out.splitlines() if line.split()[-1:] in (["idle"], ["mix"]))
 
 
 def _wait(cond, timeout: float, what: str) -> None:
+    """Polls cond() until it holds; fails naming `what` after `timeout` seconds (a command
+    of cond's that hangs counts as not yet)."""
     deadline = time.monotonic() + timeout
-    while not cond():
+    while True:
+        try:
+            if cond():
+                return
+        except subprocess.TimeoutExpired:
+            pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the local SLURM cluster did not come up: no {what}")
+            raise RuntimeError(
+                f"the local SLURM cluster did not come up: no {what} within {timeout:.0f} s"
+            )
         time.sleep(0.5)

@@ -13,6 +13,8 @@ from abtrain.ledger import Ledger
 from tests.abtrain.test_data import write_tree
 from tests.conftest import PARAMS, ROOT, launch, spawn, summary, tiny_config
 
+pytestmark = pytest.mark.multiprocess  # spawned gloo ranks, launched runs
+
 BATCH = torch.Generator().manual_seed(0)
 X = torch.randn(8, 3, 5, 5, generator=BATCH) * 2 + 1
 W = torch.randn(8, 3, 5, 5, generator=BATCH)  # weights of a loss, so gradients differ

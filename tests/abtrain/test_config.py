@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from abtrain import config
+from abtrain import config, methods
 from abtrain.__main__ import main
 from tests.abtrain.test_data import write_tree
 from tests.conftest import PARAMS, ROOT, tiny_config
@@ -61,10 +61,10 @@ def test_no_groups_in_node_groups_forms_b_groups_of_that_size():
     from abtrain import groups
 
     cfg = tiny_config("method=ab_nogroups", "ab.group_size=2")
-    assert config.check_world(cfg, 4, 2) == 2
+    assert methods.check_world(cfg, 4, 2) == 2
     assert groups.plan(4, 2, all_train_b=True) == [([0, 1], "b"), ([2, 3], "b")]
     with pytest.raises(config.ConfigError, match="needs ab.sync_mode=with_stale"):
-        config.check_world(
+        methods.check_world(
             tiny_config("method=ab_nogroups", "ab.group_size=2", "ab.sync_mode=only_learned"), 4, 2
         )
 
@@ -72,12 +72,12 @@ def test_no_groups_in_node_groups_forms_b_groups_of_that_size():
 def test_world_that_cannot_form_the_groups_is_refused():
     cfg = tiny_config("ab.group_size=3")
     with pytest.raises(config.ConfigError, match="group_size=3 does not divide the world size 4"):
-        config.check_world(cfg, 4, 2)
+        methods.check_world(cfg, 4, 2)
     with pytest.raises(config.ConfigError, match="at least one A group and one B group"):
-        config.check_world(tiny_config(), 2, 2)  # one node of 2 ranks: one group
-    assert config.check_world(tiny_config(), 4, 2) == 2
-    assert config.check_world(tiny_config("method=ab_nogroups"), 2, 2) == 2
-    assert config.check_world(tiny_config("method=ab_individual"), 2, 2) == 1
+        methods.check_world(tiny_config(), 2, 2)  # one node of 2 ranks: one group
+    assert methods.check_world(tiny_config(), 4, 2) == 2
+    assert methods.check_world(tiny_config("method=ab_nogroups"), 2, 2) == 2
+    assert methods.check_world(tiny_config("method=ab_individual"), 2, 2) == 1
 
 
 def test_cli_stops_before_any_process_group(tmp_path, capsys):

@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from abtrain import config, data
+from abtrain import config, loader, prepare, sources, tasks
 from tests.conftest import ROOT, tiny_config
 
 SHARED_CIFAR = ROOT.parent / "shared" / "data" / "cifar10-jpg.tar.gz"
@@ -44,7 +44,7 @@ def image_cfg(**fields):
 def write_cifar(root: Path, name: str = "cifar10", per_batch: int = 20, seed: int = 0) -> dict:
     """The original python-version layout, with random pixels; returns what was written."""
     rng = np.random.default_rng(seed)
-    spec = data.CIFAR[name]
+    spec = sources.CIFAR[name]
     folder = root / spec["folder"]
     folder.mkdir(parents=True)
     classes = 10 if name == "cifar10" else 100
@@ -69,7 +69,7 @@ def test_cifar10_pickles_load_pixel_exact_from_folder_or_archive(tmp_path, as_ar
         with tarfile.open(source, "w:gz") as tar:
             tar.add(tmp_path / "src" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
     d = image_cfg(name="cifar10", source=str(source), prepared=str(tmp_path / "prep"))
-    meta = data.prepare(d)
+    meta = prepare.prepare(d)
     assert meta["classes"] == [f"class{i}" for i in range(10)] and meta["cached"]
     assert (
         sum(meta["counts"]["train"].values()) == 100 and sum(meta["counts"]["val"].values()) == 20
@@ -88,7 +88,7 @@ def test_cifar100_fine_labels_and_stratified_subset(tmp_path):
         train_per_class=2,
         val_per_class=1,
     )
-    meta = data.prepare(d)
+    meta = prepare.prepare(d)
     assert len(meta["classes"]) == 100
     assert set(meta["counts"]["train"].values()) == {2} and set(meta["counts"]["val"].values()) == {
         1
@@ -117,7 +117,7 @@ def test_imagefolder_tree_is_cached_when_small(tmp_path, as_archive):
         with tarfile.open(source, "w") as tar:
             tar.add(tmp_path / "tree" / "mydata", arcname="mydata")
     d = image_cfg(source=str(source), prepared=str(tmp_path / "p"))
-    meta = data.prepare(d)
+    meta = prepare.prepare(d)
     assert meta["classes"] == ["cat", "dog"] and meta["cached"]
     assert meta["counts"] == {"train": {"cat": 3, "dog": 3}, "val": {"cat": 3, "dog": 3}}
     val = torch.load(tmp_path / "p" / "val.pt", weights_only=True)
@@ -134,10 +134,10 @@ def test_large_images_stay_files_and_batches_are_reproducible(tmp_path):
         f"prepared: {tmp_path / 'p'}, train_per_class: 0, val_per_class: 0, image_size: 72, "
         "augment: true, workers: 2}",
     )
-    meta = data.prepare(cfg.data)
+    meta = prepare.prepare(cfg.data)
     assert not meta["cached"] and (tmp_path / "p" / "files").is_dir()
-    task = data.make_task(cfg)
-    sampler = data.StepSampler(len(task), 2, rank=1, world_size=2, seed=0)
+    task = tasks.make_task(cfg)
+    sampler = loader.StepSampler(len(task), 2, rank=1, world_size=2, seed=0)
     x, y = task.train_batch(sampler, 3)
     assert x.shape == (2, 3, 72, 72) and y.shape == (2,)
     assert torch.equal(x, task.train_batch(sampler, 3)[0])  # (seed, step, rank) fixes it
@@ -155,7 +155,7 @@ def test_the_real_cifar10_archive_through_the_normal_path(tmp_path):
         val_per_class=10,
         sha256="7854ea059adc7729ab5267c5269ccc01e6eaeea6549d5f3c834c106bae86e8ee",
     )
-    meta = data.prepare(d)
+    meta = prepare.prepare(d)
     assert meta["classes"][:3] == ["airplane", "automobile", "bird"] and len(meta["classes"]) == 10
     assert set(meta["counts"]["train"].values()) == {50} and set(
         meta["counts"]["val"].values()
@@ -165,15 +165,15 @@ def test_the_real_cifar10_archive_through_the_normal_path(tmp_path):
 
 def test_cifar_augmentation_pads_crops_and_flips_deterministically():
     x = torch.arange(2 * 3 * 8 * 8, dtype=torch.uint8).view(2, 3, 8, 8)
-    a = data._augment(x, torch.Generator().manual_seed(1))
-    b = data._augment(x, torch.Generator().manual_seed(1))
+    a = loader._augment(x, torch.Generator().manual_seed(1))
+    b = loader._augment(x, torch.Generator().manual_seed(1))
     assert torch.equal(a, b) and a.shape == x.shape
 
 
 def test_step_sampler_ranks_together_see_the_single_process_batch():
-    single = data.StepSampler(100, 8, 0, 1, seed=3)
+    single = loader.StepSampler(100, 8, 0, 1, seed=3)
     for step in (0, 5, 12, 13):  # 12 steps per epoch: 13 is in the next epoch
-        parts = [data.StepSampler(100, 2, r, 4, seed=3).indices(step) for r in range(4)]
+        parts = [loader.StepSampler(100, 2, r, 4, seed=3).indices(step) for r in range(4)]
         assert torch.equal(torch.cat(parts), single.indices(step))
 
 
@@ -201,8 +201,8 @@ def test_prepare_rejects_bad_trees_naming_the_path_and_leaves_nothing(tmp_path, 
     root = tmp_path / "tree"
     make(root)
     out = tmp_path / "p"
-    with pytest.raises(data.DataError, match=expect) as err:
-        data.prepare(image_cfg(source=str(root), prepared=str(out)))
+    with pytest.raises(sources.DataError, match=expect) as err:
+        prepare.prepare(image_cfg(source=str(root), prepared=str(out)))
     assert str(root) in str(err.value)
     assert not out.exists() and not list(tmp_path.glob(".p.tmp*"))
 
@@ -211,22 +211,22 @@ def test_prepare_rejects_a_wrong_checksum(tmp_path):
     write_tree(tmp_path / "tree")
     with tarfile.open(tmp_path / "t.tar", "w") as tar:
         tar.add(tmp_path / "tree", arcname="t")
-    with pytest.raises(data.DataError, match=r"t\.tar: sha256 does not match"):
-        data.prepare(
+    with pytest.raises(sources.DataError, match=r"t\.tar: sha256 does not match"):
+        prepare.prepare(
             image_cfg(source=str(tmp_path / "t.tar"), sha256="0" * 64, prepared=str(tmp_path / "p"))
         )
     fake = tmp_path / "cifar-10-python.tar.gz"  # CIFAR's own archive name: md5 is checked
     fake.write_bytes(b"x" * 100)
-    with pytest.raises(data.DataError, match="md5 does not match the published cifar10"):
-        data.prepare(image_cfg(name="cifar10", source=str(fake), prepared=str(tmp_path / "p")))
+    with pytest.raises(sources.DataError, match="md5 does not match the published cifar10"):
+        prepare.prepare(image_cfg(name="cifar10", source=str(fake), prepared=str(tmp_path / "p")))
     assert not (tmp_path / "p").exists()
 
 
 def test_prepare_rejects_a_broken_cifar_batch(tmp_path):
     write_cifar(tmp_path / "src")
     (tmp_path / "src" / "cifar-10-batches-py" / "data_batch_3").write_bytes(b"garbage")
-    with pytest.raises(data.DataError, match="data_batch_3: not a CIFAR python batch"):
-        data.prepare(
+    with pytest.raises(sources.DataError, match="data_batch_3: not a CIFAR python batch"):
+        prepare.prepare(
             image_cfg(name="cifar10", source=str(tmp_path / "src"), prepared=str(tmp_path / "p"))
         )
 
@@ -241,14 +241,14 @@ def test_training_refuses_unprepared_or_stale_data(tmp_path):
         f"data={{name: imagefolder, source: {tmp_path}, sha256: null, prepared: {tmp_path / 'p'}, "
         "train_per_class: 0, val_per_class: 0, image_size: 32, augment: true, workers: 1}"
     )
-    with pytest.raises(data.DataError, match="is not prepared"):
-        data.make_task(cfg)
+    with pytest.raises(sources.DataError, match="is not prepared"):
+        tasks.make_task(cfg)
     write_tree(tmp_path)
-    data.prepare(cfg.data)
-    data.make_task(cfg)
+    prepare.prepare(cfg.data)
+    tasks.make_task(cfg)
     stale = cfg.model_copy(update={"data": cfg.data.model_copy(update={"train_per_class": 1})})
-    with pytest.raises(data.DataError, match="another data config"):
-        data.make_task(stale)
+    with pytest.raises(sources.DataError, match="another data config"):
+        tasks.make_task(stale)
 
 
 # ---------------------------------------------------------------- batches ahead of the step
@@ -278,8 +278,8 @@ def file_task(tmp_path: Path, workers: int = 2, augment: bool = True, batch: int
         f"prepared: {tmp_path / 'p'}, train_per_class: 0, val_per_class: 0, image_size: 72, "
         f"augment: {str(augment).lower()}, workers: {workers}}}",
     )
-    data.prepare(cfg.data)
-    task = data.make_task(cfg)
+    prepare.prepare(cfg.data)
+    task = tasks.make_task(cfg)
     assert not task.meta["cached"]
     return task
 
@@ -287,8 +287,8 @@ def file_task(tmp_path: Path, workers: int = 2, augment: bool = True, batch: int
 def cached_task(tmp_path: Path, workers: int = 2):
     write_tree(tmp_path / "tree", per_class=6)
     d = image_cfg(source=str(tmp_path / "tree"), prepared=str(tmp_path / "p"), workers=workers)
-    data.prepare(d)
-    task = data.make_task(tiny_config().model_copy(update={"data": d}))
+    prepare.prepare(d)
+    task = tasks.make_task(tiny_config().model_copy(update={"data": d}))
     assert task.meta["cached"]
     return task
 
@@ -302,7 +302,7 @@ def assert_same_batches(got, want):
 @pytest.mark.parametrize("kind", ["files", "cached"])
 def test_train_batches_equal_train_batch_bit_for_bit_and_resume_mid_run(tmp_path, kind):
     task = file_task(tmp_path) if kind == "files" else cached_task(tmp_path)
-    sampler = data.StepSampler(len(task), 3, rank=1, world_size=2, seed=5)
+    sampler = loader.StepSampler(len(task), 3, rank=1, world_size=2, seed=5)
     steps = 2 * sampler.steps_per_epoch + 1  # crosses two epoch boundaries
     want = [task.train_batch(sampler, s) for s in range(steps)]
     assert_same_batches(list(task.train_batches(sampler, 0, steps)), want)
@@ -313,19 +313,21 @@ def test_train_batches_equal_train_batch_bit_for_bit_and_resume_mid_run(tmp_path
 def test_train_batches_decode_in_worker_processes_ahead_of_the_consumer(tmp_path, monkeypatch):
     task = file_task(tmp_path)
     log = tmp_path / "pids"
-    load = data._load
+    load = loader._load
 
     def spying_load(path, size, g):
         with open(log, "a") as f:  # one short append per line: atomic between processes
             f.write(f"{os.getpid()}\n")
         return load(path, size, g)
 
-    monkeypatch.setattr(data, "_load", spying_load)  # the forked workers inherit it
-    sampler = data.StepSampler(len(task), 3, rank=0, world_size=1, seed=0)
+    monkeypatch.setattr(tasks, "_load", spying_load)  # the forked workers inherit it
+    sampler = loader.StepSampler(len(task), 3, rank=0, world_size=1, seed=0)
     batches = task.train_batches(sampler, 0, 3 * sampler.steps_per_epoch)
     next(batches)
     deadline = time.monotonic() + 30
-    while len(log.read_text().split()) < 4 * 3 and time.monotonic() < deadline:
+    while len(log.read_text().split()) < 4 * 3:
+        loaded = len(log.read_text().split())
+        assert time.monotonic() < deadline, f"the workers loaded {loaded} of 12 images in 30 s"
         time.sleep(0.05)
     pids = [int(p) for p in log.read_text().split()]
     # one batch consumed, four built: two workers with two batches each in flight
@@ -339,8 +341,8 @@ def test_train_batches_decode_in_worker_processes_ahead_of_the_consumer(tmp_path
 @pytest.mark.parametrize("kind", ["files", "cached"])
 def test_ranks_together_see_and_augment_as_one_process_with_the_whole_batch(tmp_path, kind):
     task = file_task(tmp_path) if kind == "files" else cached_task(tmp_path)
-    one = data.StepSampler(len(task), 4, rank=0, world_size=1, seed=2)
-    ranks = [data.StepSampler(len(task), 2, rank=r, world_size=2, seed=2) for r in range(2)]
+    one = loader.StepSampler(len(task), 4, rank=0, world_size=1, seed=2)
+    ranks = [loader.StepSampler(len(task), 2, rank=r, world_size=2, seed=2) for r in range(2)]
     for step in range(one.steps_per_epoch + 1):
         x, y = task.train_batch(one, step)
         parts = [next(task.train_batches(s, step, step + 1)) for s in ranks]
@@ -365,7 +367,7 @@ def test_crop_box_is_torchvisions_drawn_from_our_generator(hw):
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             tv = v2.RandomResizedCrop(8).make_params([torch.empty(3, h, w)])
-        ours = data.crop_params(h, w, torch.Generator().manual_seed(seed))
+        ours = loader.crop_params(h, w, torch.Generator().manual_seed(seed))
         assert ours == (tv["top"], tv["left"], tv["height"], tv["width"]), (hw, seed)
 
 
@@ -379,7 +381,7 @@ def test_augmented_image_is_torchvisions_random_resized_crop_and_flip(tmp_path):
             with torch.random.fork_rng():
                 torch.manual_seed(seed + 10 * i)
                 want = tv(Image.open(path).convert("RGB"))
-            got = data._load(str(path), 72, torch.Generator().manual_seed(seed + 10 * i))
+            got = loader._load(str(path), 72, torch.Generator().manual_seed(seed + 10 * i))
             assert torch.equal(got, want)
 
 
@@ -388,14 +390,14 @@ def test_large_jpegs_decode_reduced_only_where_the_output_keeps_its_detail(tmp_p
     Image.fromarray(photo(np.random.default_rng(3), 1000, 750)).save(path, quality=90)
     small = tmp_path / "small.png"
     Image.fromarray(photo(np.random.default_rng(4), 1000, 750)).save(small)
-    assert data._draft(Image.open(path), 96 / 800, 96 / 600) == 4  # 800x600 box -> 200x150
-    assert data._draft(Image.open(path), 96 / 300, 96 / 300) == 2  # 300x300 box -> 150x150
-    assert data._draft(Image.open(path), 96 / 150, 96 / 150) == 1  # would go below 96
-    assert data._draft(Image.open(small), 0.1, 0.1) == 1  # not a JPEG
-    monkeypatch.setattr(data, "crop_params", lambda h, w, g: (100, 50, 600, 800))
-    reduced = [data._load(str(path), 96, g) for g in (torch.Generator().manual_seed(0), None)]
-    monkeypatch.setattr(data, "_draft", lambda img, fx, fy: 1)
-    full = [data._load(str(path), 96, g) for g in (torch.Generator().manual_seed(0), None)]
+    assert loader._draft(Image.open(path), 96 / 800, 96 / 600) == 4  # 800x600 box -> 200x150
+    assert loader._draft(Image.open(path), 96 / 300, 96 / 300) == 2  # 300x300 box -> 150x150
+    assert loader._draft(Image.open(path), 96 / 150, 96 / 150) == 1  # would go below 96
+    assert loader._draft(Image.open(small), 0.1, 0.1) == 1  # not a JPEG
+    monkeypatch.setattr(loader, "crop_params", lambda h, w, g: (100, 50, 600, 800))
+    reduced = [loader._load(str(path), 96, g) for g in (torch.Generator().manual_seed(0), None)]
+    monkeypatch.setattr(loader, "_draft", lambda img, fx, fy: 1)
+    full = [loader._load(str(path), 96, g) for g in (torch.Generator().manual_seed(0), None)]
     for a, b in zip(reduced, full):
         diff = (a.float() - b.float()).abs()
         assert a.shape == b.shape == (3, 96, 96) and diff.mean() < 1.5, diff.mean()
@@ -403,21 +405,21 @@ def test_large_jpegs_decode_reduced_only_where_the_output_keeps_its_detail(tmp_p
 
 def test_a_file_batch_is_its_images_normalised_as_the_cached_ones_are(tmp_path):
     task = file_task(tmp_path)
-    sampler = data.StepSampler(len(task), 3, rank=1, world_size=2, seed=4)
+    sampler = loader.StepSampler(len(task), 3, rank=1, world_size=2, seed=4)
     x, y = task.train_batch(sampler, 2)
     idx = sampler.indices(2).tolist()
     files = [os.path.join(task.root, os.fsdecode(task.train["files"][i])) for i in idx]
-    images = [data._load(f, 72, sampler.image_generator(2, j)) for j, f in enumerate(files)]
+    images = [loader._load(f, 72, sampler.image_generator(2, j)) for j, f in enumerate(files)]
     assert torch.equal(x, task._normalize(torch.stack(images)))
     assert y.tolist() == [task.train["y"][i].item() for i in idx] and y.dtype == torch.int64
 
 
 def test_an_image_gone_after_prepare_stops_training_naming_it_through_the_workers(tmp_path):
     task = file_task(tmp_path)
-    sampler = data.StepSampler(len(task), 3, rank=0, world_size=1, seed=0)
+    sampler = loader.StepSampler(len(task), 3, rank=0, world_size=1, seed=0)
     gone = os.path.join(task.root, os.fsdecode(task.train["files"][sampler.indices(1)[0]]))
     Path(gone).write_bytes(b"truncated")
-    with pytest.raises(data.DataError, match=f"{gone}: unreadable image"):
+    with pytest.raises(sources.DataError, match=f"{gone}: unreadable image"):
         list(task.train_batches(sampler, 0, 3))
 
 
@@ -461,7 +463,7 @@ def test_an_archive_made_by_gnu_tar_in_its_own_member_order_keeps_every_label(tm
         ["tar", flags, str(archive), "-C", str(tmp_path / "imagenet"), *paths], check=True
     )
     d = image_cfg(name="imagenet", source=str(archive), prepared=str(tmp_path / "p"), image_size=72)
-    meta = data.prepare(d)
+    meta = prepare.prepare(d)
     assert not meta["cached"] and meta["classes"] == sorted(COLOURS)
     assert_every_label_is_its_class(tmp_path / "p", meta)
 
@@ -469,7 +471,7 @@ def test_an_archive_made_by_gnu_tar_in_its_own_member_order_keeps_every_label(tm
 def test_a_folder_source_of_large_images_keeps_every_label(tmp_path):
     write_colour_tree(tmp_path / "imagenet")
     d = image_cfg(name="imagenet", source=str(tmp_path / "imagenet"), prepared=str(tmp_path / "p"))
-    meta = data.prepare(d.model_copy(update={"image_size": 72}))
+    meta = prepare.prepare(d.model_copy(update={"image_size": 72}))
     assert_every_label_is_its_class(tmp_path / "p", meta)
 
 
@@ -516,8 +518,8 @@ def test_an_archive_member_leaving_the_prepared_folder_refuses_the_archive(tmp_p
     evil_archive(archive, tmp_path / "tree", evil, payload)
     before = {p for p in tmp_path.rglob("*")}
     d = image_cfg(name="imagenet", source=str(archive), prepared=str(work / "p"), image_size=72)
-    with pytest.raises(data.DataError) as err:
-        data.prepare(d)
+    with pytest.raises(sources.DataError) as err:
+        prepare.prepare(d)
     assert str(archive) in str(err.value) and repr(name) in str(err.value)
     assert {p for p in tmp_path.rglob("*")} == before  # nothing written, outside or in
     assert not Path("/abs").exists()
@@ -529,8 +531,10 @@ def test_prepare_refuses_a_folder_of_the_users_and_keeps_its_files(tmp_path):
     mine = tmp_path / "results"
     mine.mkdir()
     (mine / "thesis.tex").write_text("three years of work")
-    with pytest.raises(data.DataError, match=r"data\.prepared .*results.* is not a folder abtrain"):
-        data.prepare(image_cfg(source=str(tmp_path / "tree"), prepared=str(mine)))
+    with pytest.raises(
+        sources.DataError, match=r"data\.prepared .*results.* is not a folder abtrain"
+    ):
+        prepare.prepare(image_cfg(source=str(tmp_path / "tree"), prepared=str(mine)))
     assert (mine / "thesis.tex").read_text() == "three years of work"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results", "tree"]
 
@@ -539,20 +543,20 @@ def test_prepare_refuses_a_prepared_folder_that_holds_the_source(tmp_path):
     data_dir = tmp_path / "data"
     write_tree(data_dir / "tree")
     d = image_cfg(source=str(data_dir / "tree"), prepared=str(data_dir))
-    with pytest.raises(data.DataError, match=r"data\.prepared .* holds data\.source"):
-        data.prepare(d)
+    with pytest.raises(sources.DataError, match=r"data\.prepared .* holds data\.source"):
+        prepare.prepare(d)
     assert len(list((data_dir / "tree").rglob("*.png"))) == 12
     same = image_cfg(source=str(data_dir / "tree"), prepared=str(data_dir / "tree"))
-    with pytest.raises(data.DataError, match=r"holds data\.source"):
-        data.prepare(same)
+    with pytest.raises(sources.DataError, match=r"holds data\.source"):
+        prepare.prepare(same)
     assert len(list((data_dir / "tree").rglob("*.png"))) == 12
 
 
 def test_prepare_replaces_only_a_folder_it_prepared_itself(tmp_path):
     write_tree(tmp_path / "tree")
     d = image_cfg(source=str(tmp_path / "tree"), prepared=str(tmp_path / "p"))
-    assert data.prepare(d)["counts"]["train"] == {"cat": 3, "dog": 3}
-    meta = data.prepare(d.model_copy(update={"train_per_class": 1}))
+    assert prepare.prepare(d)["counts"]["train"] == {"cat": 3, "dog": 3}
+    meta = prepare.prepare(d.model_copy(update={"train_per_class": 1}))
     assert meta["counts"]["train"] == {"cat": 1, "dog": 1}
     assert json.loads((tmp_path / "p" / "meta.json").read_text())["counts"] == meta["counts"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p", "tree"]  # no .p.old / .p.tmp
@@ -638,7 +642,7 @@ def test_the_original_cifar100_pickles_still_load(tmp_path):
     }
     assert globals_named == {"numpy.core.multiarray _reconstruct", "numpy ndarray", "numpy dtype"}
     d = image_cfg(name="cifar100", source=str(tmp_path / "src"), prepared=str(tmp_path / "p"))
-    meta = data.prepare(d)
+    meta = prepare.prepare(d)
     assert meta["classes"][:2] == ["class0", "class1"] and len(meta["classes"]) == 100
     train = torch.load(tmp_path / "p" / "train.pt", weights_only=True)
     assert torch.equal(train["x"], torch.as_tensor(pixels).view(-1, 3, 32, 32))
@@ -674,11 +678,11 @@ def test_a_crafted_cifar_pickle_runs_no_code(tmp_path, monkeypatch, where, call)
         with tarfile.open(source, "w:gz") as tar:
             tar.add(tmp_path / "src" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
         if where == "checksummed archive":  # as if the published archive had been tampered
-            spec = {**data.CIFAR["cifar10"], "md5": data._digest(source, "md5")}
-            monkeypatch.setitem(data.CIFAR, "cifar10", spec)
+            spec = {**sources.CIFAR["cifar10"], "md5": sources._digest(source, "md5")}
+            monkeypatch.setitem(sources.CIFAR, "cifar10", spec)
     d = image_cfg(name="cifar10", source=str(source), prepared=str(tmp_path / "p"))
-    with pytest.raises(data.DataError, match=r"batches\.meta: refused to unpickle") as err:
-        data.prepare(d)
+    with pytest.raises(sources.DataError, match=r"batches\.meta: refused to unpickle") as err:
+        prepare.prepare(d)
     assert str(source) in str(err.value)
     assert not marker.exists()
     assert not (tmp_path / "p").exists()
@@ -690,7 +694,7 @@ def test_prepare_tells_its_progress_on_stderr_at_a_bounded_rate(tmp_path, capsys
         tar.add(tmp_path / "tree" / "mydata", arcname="mydata")
     sha = hashlib.sha256((tmp_path / "t.tar").read_bytes()).hexdigest()
     d = image_cfg(source=str(tmp_path / "t.tar"), sha256=sha, prepared=str(tmp_path / "p"))
-    data.prepare(d)
+    prepare.prepare(d)
     out, err = capsys.readouterr()
     lines = err.splitlines()
     assert out == ""  # stdout stays for results
@@ -709,8 +713,8 @@ def test_prepare_tells_its_progress_on_stderr_at_a_bounded_rate(tmp_path, capsys
     ), lines
     assert lines[2].startswith("[prepare] decoding val: 12 of 12 images (100%)")
 
-    monkeypatch.setattr(data, "PROGRESS_EVERY_S", 0.0)  # a line per image: k of N, the ETA
-    data.prepare(image_cfg(source=str(tmp_path / "t.tar"), prepared=str(tmp_path / "q")))
+    monkeypatch.setattr(sources, "PROGRESS_EVERY_S", 0.0)  # a line per image: k of N, the ETA
+    prepare.prepare(image_cfg(source=str(tmp_path / "t.tar"), prepared=str(tmp_path / "q")))
     lines = capsys.readouterr().err.splitlines()
     train = [x for x in lines if "decoding train" in x]
     assert [int(re.search(r": (\d+) of 12", x).group(1)) for x in train] == list(range(1, 13))
@@ -727,8 +731,10 @@ def test_a_truncated_jpeg_is_named_at_prepare_not_in_a_loader_worker(tmp_path):
     jpeg.write_bytes(jpeg.read_bytes()[: jpeg.stat().st_size * 2 // 3])
     Image.open(jpeg).verify()  # what prepare used to check: it passes
     out = tmp_path / "p"
-    with pytest.raises(data.DataError, match=f"{jpeg.relative_to(tmp_path / 'tree')}: unreadable"):
-        data.prepare(image_cfg(source=str(tmp_path / "tree"), prepared=str(out), image_size=72))
+    with pytest.raises(
+        sources.DataError, match=f"{jpeg.relative_to(tmp_path / 'tree')}: unreadable"
+    ):
+        prepare.prepare(image_cfg(source=str(tmp_path / "tree"), prepared=str(out), image_size=72))
     assert not out.exists() and not list(tmp_path.glob(".p.tmp*"))
 
 
@@ -739,11 +745,11 @@ def test_a_killed_prepares_temporary_folder_is_removed_by_the_next(tmp_path):
     source = str(tmp_path / "tree")
     code = (
         "import os, sys\n"
-        "from abtrain import data\n"
+        "from abtrain import prepare\n"
         "def stop(*a, **k):\n"
         "    os.kill(os.getpid(), 9)\n"
-        "data._decode_all = stop\n"  # killed while it decodes, its folder half-written
-        f"data.prepare(data.ImageData.model_validate({image_cfg(source=source, prepared=str(tmp_path / 'p')).model_dump()!r}))\n"
+        "prepare._decode_all = stop\n"  # killed while it decodes, its folder half-written
+        f"prepare.prepare(prepare.ImageData.model_validate({image_cfg(source=source, prepared=str(tmp_path / 'p')).model_dump()!r}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT)
     assert proc.returncode == -9
@@ -753,7 +759,7 @@ def test_a_killed_prepares_temporary_folder_is_removed_by_the_next(tmp_path):
     try:
         live = tmp_path / f".p.tmp{other.pid}"  # a live process's: a prepare at work
         live.mkdir()
-        data.prepare(image_cfg(source=source, prepared=str(tmp_path / "p")))
+        prepare.prepare(image_cfg(source=source, prepared=str(tmp_path / "p")))
         assert not left[0].exists() and live.exists()
     finally:
         other.kill()

@@ -15,6 +15,8 @@ import pytest
 from abtrain import checkpoint
 from tests.conftest import PARAMS, ROOT, TINY, launch, summary
 
+pytestmark = pytest.mark.multiprocess  # every case runs the launcher and torchrun
+
 DDP = ["method=ddp"]
 
 
@@ -69,9 +71,9 @@ def test_a_signal_to_the_launchers_group_stops_every_rank_and_a_second_launch_is
         first.wait(timeout=60)
         assert first.returncode == 128 + sig
         deadline = time.monotonic() + 30
-        while processes_of(tmp_path) and time.monotonic() < deadline:
+        while processes_of(tmp_path):  # no rank trains on, orphaned
+            assert time.monotonic() < deadline, f"{processes_of(tmp_path)} alive 30 s after it"
             time.sleep(0.5)
-        assert processes_of(tmp_path) == []  # no rank trains on, orphaned
     finally:
         for pid in processes_of(tmp_path):
             os.kill(pid, signal.SIGKILL)
@@ -255,7 +257,7 @@ def test_a_launcher_killed_outright_leaves_no_node_or_rank_training(tmp_path):
         assert len(processes_of(tmp_path)) >= 5  # the launcher, 2 torchruns, 2 ranks
         os.kill(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
-        assert gone(tmp_path, 60) == []
+        assert gone(tmp_path, 60) == [], "processes of the run alive 60 s after the kill"
         assert checkpoint.resume_candidates(tmp_path / "checkpoints")
     finally:
         for pid in processes_of(tmp_path):
@@ -281,7 +283,7 @@ def test_a_nodes_torchrun_killed_outright_ends_the_run_at_once_saying_so(tmp_pat
         assert first.returncode == 128 + signal.SIGKILL
         assert "node 1's torchrun was killed by SIGKILL" in err.decode()
         assert time.monotonic() - t0 < 45  # not the peers' collective timeout and more
-        assert gone(tmp_path, 30) == []
+        assert gone(tmp_path, 30) == [], "processes of the run alive 30 s after the kill"
     finally:
         for pid in processes_of(tmp_path):
             os.kill(pid, signal.SIGKILL)

@@ -65,6 +65,7 @@ def _nogroups_split(rank, world):
     return layer.a.norm(dim=0).tolist(), layer.b.norm(dim=1).tolist(), layer.b.requires_grad
 
 
+@pytest.mark.multiprocess
 def test_no_groups_factorises_the_authors_way_when_told():
     """ab.split_sigma=false, as the authors' "no groups" at c3dbc10: every rank trains
     B = ΣVᵀ against a frozen, orthonormal A = U (k = 3 of 6 above 0.15·σ_max)."""
@@ -143,6 +144,7 @@ def _agree(rank, world):
     return own, ranks["l"], tuple(layer.a.shape), tuple(layer.b.shape)
 
 
+@pytest.mark.multiprocess
 def test_rank_agrees_across_ranks_whose_sigma_differ():
     results = spawn(_agree)
     assert [r[0] for r in results] == [3, 2, 1, 5]  # each rank alone would differ

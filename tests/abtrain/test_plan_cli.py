@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from abtrain import schedule
-from abtrain.__main__ import data_classes, link_bytes_per_s, main
+from abtrain.__main__ import main
 from abtrain.config import ConfigError, from_dict
+from abtrain.plan import data_classes, link_bytes_per_s
 from tests.conftest import PARAMS, ROOT
 
 UNSHAPED = ROOT / "bench/results/network-unshaped.json"
@@ -114,7 +115,7 @@ def test_measure_times_each_phase_without_its_first_step_and_charges_phase_chang
     """--measure's reading of the runs (the runs faked): each phase's mean leaves out its
     first step; the training time that leaves unexplained beyond ddp's goes to 'sync'."""
     import abtrain.launch
-    from abtrain.__main__ import measure_compute
+    from abtrain.plan import measure_compute
 
     logs = {
         "ddp": [("full", 0.5)] + [("full", 0.2)] * 5,

@@ -109,6 +109,7 @@ def test_after_the_first_factorisation_every_group_writes_one_replica():
     assert nogroups.checkpoint["replicas"] == 1
 
 
+@pytest.mark.multiprocess
 def test_a_real_run_writes_what_the_planner_predicts(tmp_path):
     """One AB run on 2 nodes x 2 ranks: its ledger rows, logs and checkpoint files."""
     extra = ["method=ab", "keep_checkpoints=10", "tracking.ledger_rows=true"]
@@ -209,6 +210,7 @@ def test_the_time_model_predicts_the_emulated_clusters_step_times():
         assert abs(c["error"]) <= 0.15, c
 
 
+@pytest.mark.slow  # plans every paper-scale run: ~35 s of CPU
 def test_paper_scale_rates_are_gb_per_s_of_the_stated_model():
     from bench.planner import paper_rates
 

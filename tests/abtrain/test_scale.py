@@ -7,6 +7,8 @@ from abtrain import checkpoint, ledger
 from bench.footprint import checkpoint_bytes, kept_bytes, one_copy_bytes
 from tests.conftest import launch, summary, tiny_config
 
+pytestmark = pytest.mark.multiprocess  # real 2 x 2 runs through the launcher
+
 # A deeper MLP with one bucket per parameter: many collectives per step, as ViT-B/16's
 # 14 buckets are at scale; per-collective rows off, as in a real run.
 MANY_BUCKETS = [

@@ -6,6 +6,8 @@ from abtrain import groups, lowrank, sync
 from abtrain.ledger import Ledger
 from tests.conftest import spawn
 
+pytestmark = pytest.mark.multiprocess  # every test spawns gloo ranks
+
 
 def _sync(rank, world, mode):
     model = nn.Sequential(nn.Linear(3, 2))

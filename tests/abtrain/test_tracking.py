@@ -59,6 +59,7 @@ def tracked(tmp_path_factory):
     return d, uri, client, runs, ab.stdout
 
 
+@pytest.mark.multiprocess
 def test_run_logs_params_tags_metrics_and_artifacts(tracked):
     d, _, client, runs, _ = tracked
     run = runs["ab"]
@@ -92,6 +93,7 @@ def test_run_logs_params_tags_metrics_and_artifacts(tracked):
     assert {"summary.json", "ledger.jsonl", "config.json", "model.pt", "ranks.csv"} <= names
 
 
+@pytest.mark.multiprocess
 def test_run_names_and_tags_tell_matrix_points_apart(tracked):
     from abtrain.tracking import run_name_for
     from tests.conftest import tiny_config
@@ -124,6 +126,7 @@ def test_tags_override_takes_a_mapping_and_single_keys():
         tiny_config("tracking.run_name=")
 
 
+@pytest.mark.multiprocess
 def test_experiment_is_marked_for_training_and_keeps_artifacts_beside_the_store(tracked):
     d, _, client, runs, _ = tracked
     exp = client.get_experiment_by_name("abtrain")
@@ -140,6 +143,7 @@ def test_experiment_is_marked_for_training_and_keeps_artifacts_beside_the_store(
     assert client.get_experiment(other).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
+@pytest.mark.multiprocess
 def test_ranks_are_an_artifact_not_a_metric_each(tracked):
     d, _, client, runs, _ = tracked
     run = runs["ab"]
@@ -155,6 +159,7 @@ def test_ranks_are_an_artifact_not_a_metric_each(tracked):
     assert shapes == {("layers.1", "64", "64", "64"), ("layers.2", "64", "64", "64")}
 
 
+@pytest.mark.multiprocess
 def test_epoch_is_samples_over_the_training_set(tracked):
     d, _, client, runs, _ = tracked
     s = summary(d / "ab")
@@ -166,6 +171,7 @@ def test_epoch_is_samples_over_the_training_set(tracked):
     assert by_step[40] == s["epochs"] == pytest.approx(40 * 32 / 2000)
 
 
+@pytest.mark.multiprocess
 def test_final_metrics_equal_the_summary(tracked):
     d, _, client, runs, _ = tracked
     for method, run in runs.items():
@@ -197,6 +203,7 @@ def test_final_metrics_equal_the_summary(tracked):
         assert evals[-1] + tail == t["inter_node_bytes"]
 
 
+@pytest.mark.multiprocess
 def test_source_tags_dataset_input_and_system_metrics(tracked):
     _, _, client, runs, _ = tracked
     run = client.get_run(runs["ab"].info.run_id)
@@ -214,6 +221,7 @@ def test_source_tags_dataset_input_and_system_metrics(tracked):
     assert [k for k in run.data.metrics if k.startswith("system/cpu")]
 
 
+@pytest.mark.multiprocess
 def test_final_model_is_logged_with_a_signature_and_loads(tracked):
     import mlflow
     import mlflow.pytorch
@@ -238,6 +246,7 @@ def test_final_model_is_logged_with_a_signature_and_loads(tracked):
         assert torch.equal(v, saved[k]), k
 
 
+@pytest.mark.multiprocess
 def test_plain_log_lines_tell_speed_and_time_left(tracked):
     *_, stdout = tracked
     lines = [ln for ln in stdout.splitlines() if re.match(r"\[abtrain\] step +\d+ ", ln)]
@@ -251,6 +260,7 @@ def free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.multiprocess
 def test_unreachable_store_stops_the_run_unless_not_required(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
     proc = launch(
@@ -294,6 +304,8 @@ def compare_rows(text: str, runs: int) -> dict[str, list[str]]:
     return {n: values[i * runs : (i + 1) * runs] for i, n in enumerate(names)}
 
 
+@pytest.mark.browser
+@pytest.mark.multiprocess
 def test_mlflow_ui_lists_the_runs_and_compares_ddp_with_ab_in_headless_chromium(tracked):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -351,7 +363,7 @@ def test_mlflow_ui_lists_the_runs_and_compares_ddp_with_ab_in_headless_chromium(
                 urllib.request.urlopen(f"{url}/health", timeout=2)
                 break
             except OSError:
-                assert time.monotonic() < deadline, "mlflow ui did not start"
+                assert time.monotonic() < deadline, f"mlflow ui: no {url}/health in 90 s"
                 time.sleep(1)
         # MLflow 3.17 picks an experiment's landing page from the workflow type (this URL
         # parameter, else the browser's last choice, else GenAI), not from the experiment's

@@ -101,6 +101,7 @@ def steps_in_ab_phase(cfg, start):
 
 
 @pytest.mark.parametrize("method", METHODS)
+@pytest.mark.multiprocess
 def test_method_runs_on_two_nodes_and_ledger_matches_analytic_bytes(runs, method):
     s = summary(runs[method])
     assert s["method"] == method and s["world_size"] == 4 and s["nodes"] == 2
@@ -126,6 +127,7 @@ def test_method_runs_on_two_nodes_and_ledger_matches_analytic_bytes(runs, method
         assert s["compression_ratio"] == 1.0
 
 
+@pytest.mark.multiprocess
 def test_ab_halves_inter_node_traffic_against_ddp(runs):
     ab = summary(runs["ab"])["traffic"]["inter_node_bytes"]
     ddp = summary(runs["ddp"])["traffic"]["inter_node_bytes"]
@@ -134,6 +136,7 @@ def test_ab_halves_inter_node_traffic_against_ddp(runs):
     assert summary(runs["ab"])["traffic"]["by_phase"]["ab"]["inter"] == 0
 
 
+@pytest.mark.multiprocess
 def test_replicas_end_merged_and_identical(runs):
     for method in ("ab", "ab_individual"):
         states = [final_weights(runs[method], r) for r in range(4)]
@@ -142,6 +145,7 @@ def test_replicas_end_merged_and_identical(runs):
                 assert torch.equal(value, other[key]), (method, key)
 
 
+@pytest.mark.multiprocess
 def test_ddp_equals_one_process_on_the_concatenated_batch(runs, tmp_path):
     proc = launch(tmp_path, "method=ddp", "batch_size=64", nnodes=1, nproc=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -171,6 +175,7 @@ def resume_and_compare(uninterrupted, run_dir, said):
             assert torch.equal(want[key], got[key]), (rank, key)
 
 
+@pytest.mark.multiprocess
 def test_killed_run_resumes_to_the_same_weights_and_loss_bit_for_bit(runs, tmp_path):
     # rank 3 dies at step 25, inside an AB phase (replicas differ); last checkpoint: step 20
     start = time.monotonic()
@@ -193,6 +198,7 @@ def test_killed_run_resumes_to_the_same_weights_and_loss_bit_for_bit(runs, tmp_p
     assert a["traffic"]["inter_node_bytes"] == b["traffic"]["inter_node_bytes"]
 
 
+@pytest.mark.multiprocess
 def test_a_run_killed_after_a_rebound_checkpoint_resumes_bit_for_bit(runs, tmp_path):
     # checkpoint 30 falls in a rebound phase: full rank, but each group's factors keep
     # AdamW moments of their own for the next AB phase, so each group saves its replica
@@ -203,6 +209,7 @@ def test_a_run_killed_after_a_rebound_checkpoint_resumes_bit_for_bit(runs, tmp_p
     assert summary(tmp_path)["train_loss_final"] == summary(runs["ab"])["train_loss_final"]
 
 
+@pytest.mark.multiprocess
 def test_a_run_folder_refuses_another_config(runs):
     proc = launch(runs["ddp"], "method=ddp", "optim.lr=0.1", nnodes=1, nproc=1)
     assert proc.returncode != 0
@@ -210,6 +217,7 @@ def test_a_run_folder_refuses_another_config(runs):
 
 
 @pytest.mark.parametrize("method", METHODS)
+@pytest.mark.multiprocess
 def test_planner_predicts_the_ledger_without_training(runs, method):
     from abtrain import planner
 
@@ -236,6 +244,7 @@ def combined(tmp_path_factory):
     return d
 
 
+@pytest.mark.multiprocess
 def test_ab_powersgd_compresses_the_full_rank_steps_and_syncs_only_what_was_trained(combined):
     """Counted independently of the planner: PowerSGD's payload in every full-rank step
     after its first start_iter ones, nothing across nodes in AB phases, and syncs that send
@@ -274,6 +283,7 @@ def test_ab_powersgd_compresses_the_full_rank_steps_and_syncs_only_what_was_trai
         assert predicted.inter_bytes >= t["inter_node_bytes"] * 0.95
 
 
+@pytest.mark.multiprocess
 def test_ab_powersgd_sends_less_than_half_of_ab_and_ends_merged(runs, combined):
     # (on this tiny MLP its syncs, every 11 steps, outweigh what PowerSGD alone sends; on
     # the default profile it sends 0.094x ddp's bytes to PowerSGD's 0.098x, reports/)
@@ -311,17 +321,19 @@ def test_ab_powersgd_drops_error_feedback_at_a_sync_and_keeps_its_warm_start(tmp
 def _borrowed_usr1(rank, world, out):
     import signal
 
-    from abtrain.trainer import Launch, Trainer
+    from abtrain.process import Launch
+    from abtrain.trainer import Trainer
 
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # as the SLURM job's `trap "" USR1` leaves it
     cfg = tiny_config("method=ddp", "steps=4", "eval_every=2", "checkpoint_every=0")
     trainer = Trainer(cfg, out, Launch(rank, world, 0, 1, 0))
     during = [
-        signal.getsignal(signal.SIGUSR1) == trainer._on_stop_signal for _ in trainer.evaluations()
+        signal.getsignal(signal.SIGUSR1) == trainer.stops.on_signal for _ in trainer.evaluations()
     ]
     return during, signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
 
 
+@pytest.mark.multiprocess
 def test_a_run_gives_sigusr1_back_as_it_found_it(tmp_path):
     """While it trains, SIGUSR1 asks for a stop at the next checkpoint; after, the launcher's
     "ignore" is back. Left with our handler, Python's shutdown resets it to the default

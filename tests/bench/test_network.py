@@ -32,6 +32,7 @@ def test_teardown_leaves_no_namespace_even_after_a_failure():
     assert cluster.leftover_namespaces() == []
 
 
+@pytest.mark.multiprocess
 def test_two_nodes_at_a_low_rate_finish_and_counters_agree_with_the_ledger(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     sets = [o for o in TINY if not o.startswith(("model=", "steps="))] + [
@@ -52,6 +53,7 @@ def test_two_nodes_at_a_low_rate_finish_and_counters_agree_with_the_ledger(tmp_p
     assert not subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout
 
 
+@pytest.mark.multiprocess
 def test_ab_syncs_cross_each_node_boundary_as_often_as_the_ledger_says(tmp_path, monkeypatch):
     """Mostly syncs: each factor broadcast to every rank. Over the world in one gloo call
     (a binomial tree) it crossed twice on 2 x 2 where the ledger counted once."""

@@ -70,6 +70,7 @@ def paper() -> dict:
     return yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text())
 
 
+@pytest.mark.pipeline  # pipeline.miniature writes the miniature's repository
 def test_the_miniature_differs_from_the_paper_only_in_its_declared_keys(tmp_path):
     """Without running it: the params written, against profiles/paper.yaml, key by key."""
     out = tmp_path / "mini"
@@ -149,7 +150,10 @@ def run(tmp_path_factory):
             weights.unlink()
 
 
-@needs_slurm
+@needs_slurm  # the `run` fixture: dvc repro, SLURM jobs of torchrun and mpirun
+@pytest.mark.pipeline
+@pytest.mark.cluster
+@pytest.mark.multiprocess
 def test_repro_ran_ddp_and_ab_of_every_model_on_two_slurm_nodes(run):
     out, repo, record = run
     mini = yaml.safe_load((repo / "params.yaml").read_text())
@@ -176,7 +180,10 @@ def test_repro_ran_ddp_and_ab_of_every_model_on_two_slurm_nodes(run):
     assert seen == {(m, k) for m in ("vit", "resnet50", "vgg16") for k in ("ddp", "ab")}
 
 
-@needs_slurm
+@needs_slurm  # the `run` fixture: dvc repro, SLURM jobs of torchrun and mpirun
+@pytest.mark.pipeline
+@pytest.mark.cluster
+@pytest.mark.multiprocess
 def test_the_searches_ran_their_budget_under_mpirun_on_the_generated_cifar100(run):
     _, repo, _ = run
     budget = yaml.safe_load((repo / "params.yaml").read_text())["search"]["evaluations"]
@@ -193,7 +200,10 @@ def test_the_searches_ran_their_budget_under_mpirun_on_the_generated_cifar100(ru
     assert len(meta["classes"]) == 100
 
 
-@needs_slurm
+@needs_slurm  # the `run` fixture: dvc repro, SLURM jobs of torchrun and mpirun
+@pytest.mark.pipeline
+@pytest.mark.cluster
+@pytest.mark.multiprocess
 def test_the_report_names_every_run_and_both_searches(run):
     _, repo, _ = run
     report = (repo / "reports" / "README.md").read_text()

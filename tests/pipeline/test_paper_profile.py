@@ -4,7 +4,7 @@ rule, their share of full-rank steps, for every AB run of the matrix."""
 import pytest
 import yaml
 
-from abtrain import config, schedule
+from abtrain import config, methods, schedule
 from pipeline.common import run_overrides, runs
 from tests.conftest import ROOT
 
@@ -150,6 +150,7 @@ def test_a_search_result_reaches_the_runs_only_through_the_schedule(name):
             assert "<- search best (propulate)" in line
 
 
+@pytest.mark.slow  # builds the paper's ResNet-50: ~50 s of CPU
 def test_resnet50_starts_each_block_as_its_shortcut():
     """timm's resnet50, the authors' model: γ = 0 in every block's last BatchNorm."""
     from abtrain import models
@@ -182,4 +183,4 @@ def test_no_groups_runs_split_sigma_the_authors_way_and_name_their_sources():
     assert "ab.group_size=4" in node.set and "ab_2nodes.yaml as committed" in node.source
     cfg = config.from_dict(PAPER["train"], run_overrides(PAPER, node, None, size=CIFAR10))
     assert cfg.ab.full_rank_layers == ["features.0", "head"]
-    assert config.check_world(cfg, 8, 4) == 4  # B trained inside each node
+    assert methods.check_world(cfg, 8, 4) == 4  # B trained inside each node

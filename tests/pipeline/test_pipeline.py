@@ -15,6 +15,10 @@ from PIL import Image
 
 from tests.conftest import ROOT
 
+# dvc on a copy of the repository, every test; the `mini` pipeline trains with torchrun and
+# searches with mpirun
+pytestmark = pytest.mark.pipeline
+
 BIN = Path(sys.executable).parent
 TINY_VIT = {
     "name": "vit",
@@ -115,6 +119,7 @@ def mini(tmp_path_factory):
     return repo, first
 
 
+@pytest.mark.multiprocess
 def test_repro_runs_every_stage_to_a_report_with_measured_numbers(mini):
     repo, first = mini
     for name in ("ddp-2x1", "ab-2x1", "ab-2x1-global"):
@@ -172,6 +177,7 @@ def test_repro_runs_every_stage_to_a_report_with_measured_numbers(mini):
     )
 
 
+@pytest.mark.multiprocess
 def test_second_repro_does_nothing(mini):
     repo, _ = mini
     again = dvc(repo, "repro")
@@ -190,6 +196,7 @@ def git(repo: Path, *args: str) -> str:
 RECORD = ("results/search/propulate/best.json", "results/search/propulate/evaluations.jsonl")
 
 
+@pytest.mark.multiprocess
 def test_a_fresh_clone_trains_from_the_committed_search_record(mini, tmp_path):
     """As a new user: clone what was committed (the searches' records, dvc.lock, results)
     and `dvc repro`. The searches don't run again (their outcome moves with timing); every
@@ -230,6 +237,7 @@ def changed_by(repo: Path, edit) -> set[str]:
         (repo / "params.yaml").write_text(text)
 
 
+@pytest.mark.multiprocess
 def test_settings_that_change_no_output_rerun_no_stage(mini):
     repo, _ = mini
 
@@ -249,6 +257,7 @@ def test_settings_that_change_no_output_rerun_no_stage(mini):
     assert changed_by(repo, where) - {"report"} == set()
 
 
+@pytest.mark.multiprocess
 def test_each_stage_reruns_for_the_keys_it_reads(mini):
     repo, _ = mini
 
@@ -270,6 +279,7 @@ def test_each_stage_reruns_for_the_keys_it_reads(mini):
     assert {"search@propulate", "search@optuna", "train@ab-2x1"} <= changed_by(repo, search_input)
 
 
+@pytest.mark.multiprocess
 def test_changing_the_search_space_reruns_the_search_and_what_follows(mini):
     repo, _ = mini
 
@@ -288,6 +298,7 @@ def test_changing_the_search_space_reruns_the_search_and_what_follows(mini):
     } <= edges
 
 
+@pytest.mark.multiprocess
 def test_missing_runs_leave_a_gap_not_a_crash(mini, tmp_path):
     repo, _ = mini
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
@@ -313,6 +324,7 @@ def test_missing_runs_leave_a_gap_not_a_crash(mini, tmp_path):
         assert report().returncode == 0
 
 
+@pytest.mark.multiprocess
 def test_offline_dvc_plots_hold_every_run_without_a_network(mini):
     repo, _ = mini
     for chart in ("val_top1_vs_step", "val_top1_vs_inter_node_mb"):
@@ -363,6 +375,7 @@ def test_the_paper_profile_validates_and_every_stage_resolves(tmp_path, monkeypa
     assert "train@vgg-ab-2n" in listed.stdout and "train@r50-abng-32n-global" in listed.stdout
 
 
+@pytest.mark.multiprocess
 def test_compare_measures_each_run_against_its_own_ddp(mini, capsys):
     from abtrain.__main__ import main
 
@@ -377,6 +390,7 @@ def test_compare_measures_each_run_against_its_own_ddp(mini, capsys):
         assert float(rows[name][-1]) == pytest.approx(ratio, abs=2e-3)
 
 
+@pytest.mark.multiprocess
 def test_an_experiments_value_is_the_one_trained(mini):
     """`dvc exp run -S` as the README says, for one run (the order of the sources, a search
     that reruns included, is tests/pipeline/test_overrides.py's)."""
@@ -391,6 +405,7 @@ def test_an_experiments_value_is_the_one_trained(mini):
     assert cfg["optim"]["lr"] == lr
 
 
+@pytest.mark.multiprocess
 def test_a_search_rerun_is_one_command_and_retrains_what_follows(mini):
     """The README's command for a rerun on purpose: the finished search is moved aside (not
     resumed), searched afresh, its record rewritten, and the runs after it retrained."""

@@ -16,6 +16,9 @@ import yaml
 from abtrain.config import AB_METHODS
 from tests.conftest import ROOT
 
+# every test reads what the report stage (`python -m pipeline.report`) wrote; one runs dvc
+pytestmark = pytest.mark.pipeline
+
 BIN = Path(sys.executable).parent
 CHARTS = ("val_top1_vs_step", "val_top1_vs_inter_node_mb")
 

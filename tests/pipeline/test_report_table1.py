@@ -3,7 +3,7 @@ split into named parts that add up."""
 
 import pytest
 
-from pipeline import report
+from pipeline.report import page, tables
 
 
 def summary(method, by_phase, wall):
@@ -29,7 +29,7 @@ def test_table1_sets_the_rate_ratio_beside_the_byte_ratio_and_splits_it():
             "ab", {"warmup": 300.0, "rebound": 60.0, "sync": 40.0, "ab": 0.0, "eval": 5.0}, 80.0
         ),
     }
-    rows = {r["run"]: r for r in report.table1(done)}
+    rows = {r["run"]: r for r in tables.table1(done)}
     ab = rows["ab"]
     assert ab["ratio_to_ddp"] == pytest.approx(405 / 1010)
     assert ab["rate_ratio_to_ddp"] == pytest.approx((405 / 80) / (1010 / 50))
@@ -45,8 +45,8 @@ def test_the_paper_scale_table_sets_predicted_gb_per_s_beside_table_1(monkeypatc
     profile, its GB/s ratio beside the paper's; parts and ratios read as they should."""
     from tests.conftest import ROOT
 
-    monkeypatch.setattr(report, "PLANNER", ROOT / "bench/results/planner.json")
-    md = report.paper_scale_rates()
+    monkeypatch.setattr(page, "PLANNER", ROOT / "bench/results/planner.json")
+    md = page.paper_scale_rates()
     rows = [line.split(" | ") for line in md if line.startswith("| ViT-B/16 |")]
     rows += [line.split(" | ") for line in md if line.startswith("| ResNet-50 |")]
     assert len(rows) == 18  # 2 models × (5 local + 4 global)

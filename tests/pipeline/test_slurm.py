@@ -55,10 +55,21 @@ def train_args(out: Path, *extra: str) -> list[str]:
     return args
 
 
+def in_queue(job: str) -> bool:
+    """Whether squeue still lists the job (a squeue that hangs fails the test in 30 s)."""
+    return bool(
+        subprocess.run(
+            ["squeue", "-h", "-j", job], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    )
+
+
 def p_with(slurm_cfg=SLURM):
     return {"experiments": {"slurm": slurm_cfg}}
 
 
+@pytest.mark.cluster
+@pytest.mark.multiprocess
 def test_two_node_ab_job_completes_with_two_node_traffic(in_cluster, tmp_path):
     run = Run("ab-2x2", "ab", nodes=2, ranks_per_node=2, batch="local")
     out = tmp_path / "slurm-run"
@@ -74,6 +85,8 @@ def test_two_node_ab_job_completes_with_two_node_traffic(in_cluster, tmp_path):
     )
 
 
+@pytest.mark.cluster
+@pytest.mark.multiprocess
 def test_failing_job_fails_the_stage_with_job_id_and_log_tail(in_cluster, tmp_path, capsys):
     run = Run("bad", "ab", nodes=2, ranks_per_node=1, batch="local")
     out = tmp_path / "bad"
@@ -84,6 +97,8 @@ def test_failing_job_fails_the_stage_with_job_id_and_log_tail(in_cluster, tmp_pa
     assert "ab.sigma_cutoff" in err  # the end of the job's log
 
 
+@pytest.mark.cluster
+@pytest.mark.multiprocess
 def test_cancelled_job_resubmitted_resumes_from_its_checkpoint(in_cluster, tmp_path):
     run = Run("long", "ddp", nodes=2, ranks_per_node=1, batch="local")
     out = tmp_path / "long"
@@ -99,12 +114,12 @@ def test_cancelled_job_resubmitted_resumes_from_its_checkpoint(in_cluster, tmp_p
     ).stdout.strip()
     deadline = time.monotonic() + 180
     while not (out / "checkpoints" / "LATEST").exists():
-        assert time.monotonic() < deadline, "no checkpoint before the cancel"
+        assert time.monotonic() < deadline, f"job {job} wrote no checkpoint in 180 s"
         time.sleep(0.5)
-    subprocess.run(["scancel", job], check=True)
-    while subprocess.run(
-        ["squeue", "-h", "-j", job], capture_output=True, text=True
-    ).stdout.strip():
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    deadline = time.monotonic() + 120
+    while in_queue(job):
+        assert time.monotonic() < deadline, f"job {job} still in squeue 120 s after scancel"
         time.sleep(0.5)
     saved = int((out / "checkpoints" / "LATEST").read_text())
     assert 0 < saved < 400 and not (out / "summary.json").exists()
@@ -113,6 +128,8 @@ def test_cancelled_job_resubmitted_resumes_from_its_checkpoint(in_cluster, tmp_p
     assert "resumed from step" in logs and summary(out)["steps"] == 400
 
 
+@pytest.mark.cluster
+@pytest.mark.multiprocess
 def test_time_limit_checkpoints_and_requeues(in_cluster, tmp_path):
     """ABTRAIN_DEADLINE passed: the run stops at its next checkpoint and asks for a requeue."""
     out = tmp_path / "limit"
@@ -146,6 +163,8 @@ def test_each_rank_gets_its_share_of_the_task_cores(tmp_path):
     assert 'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"' in one
 
 
+@pytest.mark.cluster
+@pytest.mark.multiprocess
 def test_the_search_runs_as_one_slurm_job_with_mpi_inside(in_cluster, tmp_path):
     out = tmp_path / "search"
     params = {"search": {"ranks": 4}, "experiments": {"slurm": SLURM}}
@@ -174,6 +193,9 @@ def test_the_search_runs_as_one_slurm_job_with_mpi_inside(in_cluster, tmp_path):
     assert {r["worker"] for r in rows} <= {0, 1}
 
 
+@pytest.mark.cluster
+@pytest.mark.pipeline
+@pytest.mark.multiprocess
 def test_dvc_repro_runs_the_training_stages_through_slurm(in_cluster, tmp_path):
     from tests.pipeline.test_pipeline import copy_repo, dvc, miniature, write_images
 
@@ -194,6 +216,8 @@ def test_dvc_repro_runs_the_training_stages_through_slurm(in_cluster, tmp_path):
         assert list((repo / "runs" / "train" / name).glob("slurm-*.log"))
 
 
+@pytest.mark.cluster
+@pytest.mark.multiprocess
 def test_sigusr1_before_the_limit_reaches_the_ranks_through_torchrun(in_cluster, tmp_path):
     """The batch script asks SLURM for SIGUSR1 `stop_before_s` before the time limit; sent
     to the job's steps (as SLURM does then), it must reach the trainer ranks without killing
@@ -217,15 +241,15 @@ def test_sigusr1_before_the_limit_reaches_the_ranks_through_torchrun(in_cluster,
     try:
         deadline = time.monotonic() + 180
         while not (out / "checkpoints" / "LATEST").exists():
-            assert time.monotonic() < deadline, "no checkpoint before the signal"
+            assert time.monotonic() < deadline, f"job {job} wrote no checkpoint in 180 s"
             time.sleep(0.5)
         subprocess.run(["scancel", "--signal=USR1", job], check=True)
         deadline = time.monotonic() + 120
-        while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout:
-            assert time.monotonic() < deadline, "the signalled job did not stop"
+        while in_queue(job):
+            assert time.monotonic() < deadline, f"job {job} still in squeue 120 s after SIGUSR1"
             time.sleep(0.5)
     finally:
-        subprocess.run(["scancel", job])
+        subprocess.run(["scancel", job], timeout=30)
     log = "".join(p.read_text() for p in out.glob("slurm-*.log"))
     stopped = re.search(r"stopped at the checkpoint of step (\d+) to be requeued", log)
     assert stopped and "REQUEUED" in log, log[-3000:]

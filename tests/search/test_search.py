@@ -5,7 +5,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,9 +13,9 @@ from mlflow.tracking import MlflowClient
 
 from search import record, space
 from search.driver import main
+from search.launch import mpirun_command
 from tests.conftest import ROOT
 
-MPIRUN = Path(sys.executable).parent / "mpirun"
 TINY_SEARCH_TRAIN = [
     "method=ab",
     "steps=24",
@@ -32,30 +31,22 @@ TINY_TRAIN = "search.train=[{}]".format(
 
 
 def search_cmd(out: Path, db: Path, backend: str, evaluations: int, *extra: str, n: int = 4):
-    return [
-        str(MPIRUN),
-        "-n",
-        str(n),
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        sys.executable,
-        "-m",
-        "mpi4py",
-        "-m",
-        "search",
-        "--backend",
-        backend,
-        "--out",
-        str(out),
-        "--set",
-        f"search.evaluations={evaluations}",
-        "--set",
-        TINY_TRAIN,
-        "--set",
-        f"train.tracking.uri=sqlite:///{db}",
-        *extra,
-    ]
+    return mpirun_command(
+        n,
+        [
+            "--backend",
+            backend,
+            "--out",
+            str(out),
+            "--set",
+            f"search.evaluations={evaluations}",
+            "--set",
+            TINY_TRAIN,
+            "--set",
+            f"train.tracking.uri=sqlite:///{db}",
+            *extra,
+        ],
+    )
 
 
 ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -109,6 +100,7 @@ def assert_progress_lines(stdout: str, total: int) -> None:
     )
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("backend", ["propulate", "optuna"])
 def test_search_is_killed_resumed_and_leaves_best_config_and_mlflow_runs(tmp_path, backend):
     out, db = tmp_path / "search", tmp_path / "mlflow.db"
@@ -166,6 +158,7 @@ def test_search_is_killed_resumed_and_leaves_best_config_and_mlflow_runs(tmp_pat
     assert set(done[0].data.params) == set(space.load(_search_raw()).space)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("backend", ["propulate", "optuna"])
 def test_a_row_torn_by_a_crash_is_cut_off_on_resume_and_every_finished_row_kept(tmp_path, backend):
     out, db = tmp_path / "search", tmp_path / "mlflow.db"
@@ -193,6 +186,8 @@ def test_a_row_torn_by_a_crash_is_cut_off_on_resume_and_every_finished_row_kept(
     assert best["error"] == min(r["error"] for r in rows if r["status"] == "ok")
 
 
+@pytest.mark.pipeline  # the search stage, as dvc runs it: mpirun on this machine
+@pytest.mark.multiprocess
 def test_the_stage_keeps_a_search_it_cannot_resume_and_moves_aside_one_with_other_settings(
     tmp_path, monkeypatch, capfd
 ):

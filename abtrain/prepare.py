@@ -1,0 +1,297 @@
+"""The prepare step: a checked source becomes the folder training reads.
+
+`prepare` verifies a source (images per class, every selected image decodes, checksums where
+known) and writes the folder training reads: small images as one uint8 tensor file per split,
+so epochs never decode JPEGs again; large ones as an index of files. It writes into a
+temporary folder and renames it into place, so a failure leaves nothing half-written. It
+replaces only a folder it prepared itself.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from PIL import Image, UnidentifiedImageError
+from torch import Tensor
+
+from abtrain.config import ImageData, SyntheticData
+from abtrain.sources import (
+    CIFAR,
+    IMAGE_SUFFIXES,
+    DataError,
+    _digest,
+    _Progress,
+    _read_cifar,
+    _Tree,
+)
+
+CACHE_MAX_SIZE = 64  # images this small (or smaller) are cached as tensors
+IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+# ---------------------------------------------------------------- decoding checks
+# what PIL raises on a file that is not a whole image: a truncated PNG fails its checksum
+# with SyntaxError, a pixel count past PIL's bomb guard with DecompressionBombError
+_BAD_IMAGE = (
+    UnidentifiedImageError,
+    OSError,
+    SyntaxError,
+    ValueError,
+    Image.DecompressionBombError,
+)
+
+
+def _decode(blob: bytes, where: str, size: int) -> Tensor:
+    try:
+        img = Image.open(io.BytesIO(blob)).convert("RGB")
+    except _BAD_IMAGE as err:
+        raise DataError(f"{where}: unreadable image ({err})") from None
+    if img.size != (size, size):
+        img = img.resize((size, size), Image.BILINEAR)
+    return torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(size, size, 3)
+
+
+def _stratified(labels: Tensor, per_class: int) -> Tensor:
+    """The first `per_class` samples of every class (all where per_class is 0)."""
+    if per_class == 0:
+        return torch.arange(len(labels))
+    keep = [torch.nonzero(labels == c).flatten()[:per_class] for c in labels.unique()]
+    return torch.cat(keep).sort().values
+
+
+# ---------------------------------------------------------------- prepare
+def fingerprint(d: ImageData) -> dict[str, Any]:
+    return d.model_dump(mode="json", exclude={"workers", "augment"})
+
+
+PREPARED_BY = "abtrain prepare"  # meta.json's mark of a folder this code wrote
+# what meta.json held before it carried the mark: such folders are abtrain's too
+_LEGACY_META = frozenset({"name", "source", "classes", "cached", "counts", "config"})
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _prepared_meta(folder: Path) -> dict[str, Any] | None:
+    """meta.json of a folder that abtrain prepared; None for any other folder."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    if meta.get("prepared_by") == PREPARED_BY or _LEGACY_META <= meta.keys():
+        return meta
+    return None
+
+
+def _prepared_folder(d: ImageData) -> Path:
+    """`d.prepared`, resolved, once it is sure that replacing it destroys nothing else.
+
+    Preparing replaces the whole folder, so it must be one of abtrain's own: not a user's
+    folder, and not one holding the source, the working directory or this repository.
+    """
+    out = Path(d.prepared).resolve()
+    what = f"data.prepared {d.prepared!r} ({out})"
+    if Path.cwd().resolve().is_relative_to(out):
+        raise DataError(f"{what} is the working directory or a folder above it")
+    if REPO.is_relative_to(out):
+        raise DataError(f"{what} holds the abtrain repository")
+    if d.source is not None:
+        source = Path(d.source).resolve()
+        if source.is_relative_to(out):
+            raise DataError(f"{what} holds data.source {d.source!r}")
+    if out.exists() and _prepared_meta(out) is None:
+        raise DataError(
+            f"{what} exists and is not a folder abtrain prepared (no abtrain meta.json); "
+            "preparing replaces the whole folder, so point data.prepared at a new folder "
+            "or remove this one yourself"
+        )
+    return out
+
+
+def prepare(d: ImageData) -> dict[str, Any]:
+    """Verify the source and write `d.prepared`; skipped when it is already up to date."""
+    out = _prepared_folder(d)
+    meta = _prepared_meta(out)
+    if meta is not None and meta.get("config") == fingerprint(d):
+        return meta
+    _clear_leftovers(out)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        meta = _prepare_into(d, tmp)
+        meta["config"] = fingerprint(d)
+        meta["prepared_by"] = PREPARED_BY
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        _replace(out, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return meta
+
+
+def _clear_leftovers(out: Path) -> None:
+    """The temporary folders of a prepare that was killed (`.NAME.tmpPID`, `.NAME.oldPID`):
+    removed once no process has that pid. A live one may be another prepare at work."""
+    for folder in out.parent.glob(f".{out.name}.*"):
+        m = re.fullmatch(rf"\.{re.escape(out.name)}\.(?:tmp|old)(\d+)", folder.name)
+        if m is None or not folder.is_dir():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            print(f"[prepare] removing {folder}: left by a prepare that was stopped", flush=True)
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:
+            pass  # another user's live process
+
+
+def _replace(out: Path, new: Path) -> None:
+    """Put `new` in the place of `out`; at every moment one of the two is there whole."""
+    if not out.exists():
+        os.replace(new, out)
+        return
+    old = out.with_name(f".{out.name}.old{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(out, old)
+    try:
+        os.replace(new, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old)
+
+
+def train_size(d: SyntheticData | ImageData) -> tuple[int | None, str]:
+    """How many training samples a run on `d` draws from, and where that number comes from.
+
+    Without a prepared folder an ImageFolder tree's size is unknown (None): counting it
+    means reading the whole source.
+    """
+    if isinstance(d, SyntheticData):
+        return d.train_samples, "data.train_samples"
+    meta = _prepared_meta(Path(d.prepared))
+    if meta is not None and meta.get("config") == fingerprint(d):
+        return sum(meta["counts"]["train"].values()), f"{Path(d.prepared) / 'meta.json'}"
+    if d.name in CIFAR:
+        classes, per_class = (10, 5000) if d.name == "cifar10" else (100, 500)
+        if d.train_per_class:
+            per_class = min(per_class, d.train_per_class)
+        return classes * per_class, f"{d.name} with data.train_per_class={d.train_per_class}"
+    return None, f"{d.prepared} is not prepared"
+
+
+def _prepare_into(d: ImageData, tmp: Path) -> dict[str, Any]:
+    if d.source and d.sha256:
+        source = Path(d.source)
+        if not source.is_file():
+            raise DataError(f"data.sha256 is set but data.source {source} is not a file")
+        if _digest(source, "sha256") != d.sha256:
+            raise DataError(f"{source}: sha256 does not match data.sha256")
+    if d.name in CIFAR:
+        splits, classes, source = _read_cifar(d)
+        cached = True
+    else:
+        tree = _Tree(Path(d.source))
+        classes, source = tree.classes, str(tree.source)
+        cached = d.image_size <= CACHE_MAX_SIZE
+    meta: dict[str, Any] = dict(name=d.name, source=source, classes=classes, cached=cached)
+    counts = {}
+    for split, per_class in (("train", d.train_per_class), ("val", d.val_per_class)):
+        if d.name in CIFAR:
+            x, y = splits[split]
+            keep = _stratified(y, per_class)
+            x, y = x[keep], y[keep]
+            if d.image_size != 32:
+                x = F.interpolate(x.float(), size=d.image_size, mode="bilinear").round().byte()
+            torch.save(dict(x=x.contiguous(), y=y), tmp / f"{split}.pt")
+        else:
+            y, members = _select(tree, split, per_class)
+            if cached:
+                x = _decode_all(tree, members, d.image_size, split)
+                torch.save(dict(x=x, y=y), tmp / f"{split}.pt")
+            else:
+                _verify_and_index(tree, members, y, tmp, split, d.image_size)
+        counts[split] = {classes[c]: int((y == c).sum()) for c in range(len(classes))}
+    meta["counts"] = counts
+    if cached:
+        x = torch.load(tmp / "train.pt", weights_only=True)["x"].float() / 255
+        meta["mean"] = x.mean(dim=(0, 2, 3)).tolist()
+        meta["std"] = x.std(dim=(0, 2, 3)).tolist()
+    else:
+        meta["mean"], meta["std"] = IMAGENET_STATS
+    return meta
+
+
+def _select(tree: _Tree, split: str, per_class: int) -> tuple[Tensor, list[str]]:
+    members, labels = [], []
+    for c, cls in enumerate(tree.classes):
+        files = [f for f in tree.splits[split][cls] if Path(f).suffix.lower() in IMAGE_SUFFIXES]
+        files = files[:per_class] if per_class else files
+        members += files
+        labels += [c] * len(files)
+    return torch.tensor(labels), members
+
+
+def _decode_all(tree: _Tree, members: list[str], size: int, split: str) -> Tensor:
+    row = {m: i for i, m in enumerate(members)}
+    x = torch.empty(len(members), 3, size, size, dtype=torch.uint8)
+    seen = set()
+    progress = _Progress(f"decoding {split}", len(members), "images")
+    for m, blob in tree.blobs(members):
+        x[row[m]] = _decode(blob, f"{tree.source}:{m}", size).permute(2, 0, 1)
+        seen.add(m)
+        progress.update(len(seen))
+    _all_read(tree, members, seen)
+    return x
+
+
+def _all_read(tree: _Tree, members: list[str], seen: set[str] | dict[str, Any]) -> None:
+    missing = [m for m in members if m not in seen]
+    if missing:
+        raise DataError(f"{tree.source}: members {missing[:3]} could not be read")
+
+
+def _verify_and_index(
+    tree: _Tree, members: list[str], y: Tensor, tmp: Path, split: str, size: int
+) -> None:
+    """Large images stay files (copied out of an archive); every one must decode.
+
+    An archive gives its members in its own order (GNU tar's is the directory's, not
+    sorted), so a file's label is looked up by its name, never taken by position.
+    """
+    label = dict(zip(members, y.tolist()))
+    files_dir = tmp / "files"
+    path = {}
+    progress = _Progress(f"verifying {split}", len(members), "images")
+    for m, blob in tree.blobs(members):
+        progress.update(len(path))
+        where = f"{tree.source}:{m}"
+        try:  # decoded, not only verify()'d: that reads a JPEG's header, not its data
+            with Image.open(io.BytesIO(blob)) as img:
+                img.draft("RGB", (size, size))  # a JPEG decodes scaled down, every byte read
+                img.load()
+        except _BAD_IMAGE as err:
+            raise DataError(f"{where}: unreadable image ({err})") from None
+        if tree.archive:
+            dest = files_dir / m
+            # _check_member refused every name that leaves the folder; this holds the line
+            # should that ever change
+            if not dest.resolve().is_relative_to(files_dir.resolve()):
+                raise DataError(f"{where}: the member would be written outside {tmp}")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(blob)
+            path[m] = str(dest.relative_to(tmp))
+        else:
+            path[m] = str((tree.source / m).resolve())
+    progress.update(len(path))
+    _all_read(tree, members, path)
+    index = [[path[m], label[m]] for m in members]
+    (tmp / f"{split}.index.json").write_text(json.dumps(index))

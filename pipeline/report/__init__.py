@@ -1,0 +1,51 @@
+"""Stage `report`: reports/ from the runs' results, their learning curves and the searches,
+beside the paper's published values. Generated; never edit reports/ by hand. Missing runs
+leave a gap (—) in the tables, not a crash.
+
+Reads results/NAME.json (each run's summary and its place in the matrix) and plots/NAME.json
+(its validation curve); writes reports/README.md, the tables as CSV, reports/curves.json
+(every run's curve in one file, for `dvc plots show`), reports/metrics/NAME.json (DVC
+metrics: each run's inter-node bytes per step against its ddp run's; one file per run, so
+`dvc metrics show` adds one column, not one per run) and the figures.
+
+`python -m pipeline.report` runs `main()`; `--readme` copies reports/headline.md into the
+README (readme.copy_headline). The parts: tables (the results read, the rows computed),
+figures (matplotlib, and the captions of the DVC plots `pipeline.plots` renders), page (the
+Markdown page, a function per section), notes (the notes under the tables), readme (the
+README's opening).
+"""
+
+from __future__ import annotations
+
+import json
+
+from abtrain.files import atomic_write_text
+from pipeline.common import params, runs
+
+# as modules: `from pipeline.report.figures import figures` here would hide the module
+from pipeline.report import figures, page, readme, tables
+from pipeline.report.tables import REPORTS
+
+
+def main() -> int:
+    p = params()
+    REPORTS.mkdir(exist_ok=True)
+    done = tables.load_runs(p)
+    missing = [n for n in runs(p) if n not in done]
+    acc, t1, t2 = tables.accuracy(done), tables.table1(done), tables.table2(done, p)
+    tables.write_csv(REPORTS / "table1_traffic.csv", t1)
+    tables.write_csv(REPORTS / "table2_compression.csv", t2)
+    atomic_write_text(REPORTS / "runs.json", json.dumps(done, indent=2))
+    tables.write_metrics(tables.vs_ddp(done))
+    atomic_write_text(REPORTS / "curves.json", json.dumps(tables.curves(done), indent=2))
+    paper = json.loads(page.PAPER.read_text())
+    pics = figures.figures(done, p) if done else []
+    pics += figures.curve_figures()  # from reports/curves.json, written above
+    folders = tables.search_folders()
+    searched, search_pics = figures.search_comparison(folders) if folders else ([], [])
+    search = (folders, searched, search_pics)
+    md = page.assemble(p, paper, done, missing, acc, t1, t2, pics, search)
+    atomic_write_text(REPORTS / "README.md", md)
+    atomic_write_text(readme.HEADLINE, readme.headline(p, acc, t1))
+    print(f"[pipeline] report: {len(done)} runs, {len(missing)} missing -> {REPORTS / 'README.md'}")
+    return 0

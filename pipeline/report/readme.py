@@ -1,0 +1,84 @@
+"""The README's opening: reports/headline.md, written by the report stage, and its copy
+into the README between its markers (`python -m pipeline.report --readme`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from abtrain.files import atomic_write_text
+from pipeline.report.page import RERUNS, fmt
+from pipeline.report.tables import REPORTS
+
+HEADLINE = REPORTS / "headline.md"
+
+
+def span(values: list[float], spec: str) -> str:
+    lo, hi = (format(v, spec) for v in (min(values), max(values)))
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def headline(p: dict[str, Any], acc: list[dict], t1: list[dict]) -> str:
+    """reports/headline.md: the README's opening, copied there between its markers (a test
+    keeps the two equal), so the README's figures are the report's."""
+    traffic = {r["run"]: r for r in t1}
+    lines = [
+        "| run | method | nodes × ranks | batch per rank | best top-1 | inter-node MB/step/rank "
+        "| bytes vs ddp |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in acc:
+        t = traffic[r["run"]]
+        lines.append(
+            f"| {r['run']} | {r['method']} | {r['nodes']} × {r['ranks_per_node']} | "
+            f"{r['global_batch'] // (r['nodes'] * r['ranks_per_node'])} | "
+            f"{r['best_top1']:.2f}% | {t['inter_bytes_per_step'] / 1e6:.2f} | "
+            f"{fmt(t['ratio_to_ddp'], '.3f')} |"
+        )
+    text = []
+    ab = [(a, traffic[a["run"]]) for a in acc if a["method"] == "ab" and a["diff_best"] is not None]
+    if ab:
+        text.append(
+            f"AB training sends {span([t['ratio_to_ddp'] for _, t in ab], '.3f')} of DDP's "
+            f"inter-node bytes at {span([-a['diff_best'] for a, _ in ab], '.2f')} points of "
+            f"best top-1 below DDP ({len(ab)} scales, one seed each). (The paper's Table 1 "
+            "ratio is of GB/s, bytes over wall time: the report gives it, and it moves with "
+            "each run's time, which this headline leaves out so that it reproduces.)"
+        )
+    others = {}
+    for a in acc:
+        if a["method"] not in ("ddp", "ab") and a["diff_best"] is not None:
+            others.setdefault(a["method"], []).append((a, traffic[a["run"]]))
+    for method, rows in others.items():
+        text.append(
+            f"`{method}`: {span([t['ratio_to_ddp'] for _, t in rows], '.3f')} of DDP's bytes, "
+            f"{span([a['diff_best'] for a, _ in rows], '+.2f')} points of best top-1."
+        )
+    if RERUNS.exists():
+        d = json.loads(RERUNS.read_text())
+        gap, ratio = d["spread"]["top1 gap (points)"], d["spread"]["bytes ratio"]
+        lr = [r["params"].get("optim.lr") for r in d["rows"] if "optim.lr" in r["params"]]
+        text.append(
+            f"What a rerun of the search may move: {gap['n']} Propulate searches with the "
+            f"same settings (`reports/search-reruns/`) chose "
+            + (f"learning rates from {min(lr):.2g} to {max(lr):.2g} and " if lr else "")
+            + f"gave an {d['runs'][1]} − {d['runs'][0]} gap of {gap['min']:+.2f} to "
+            f"{gap['max']:+.2f} points (sd {gap['std']:.2f}) and a bytes ratio of "
+            f"{ratio['min']:.3f} to {ratio['max']:.3f}. The runs train from the committed "
+            f"record of one search (`results/search/{p['search']['backend']}/`), so a fresh "
+            "clone's `dvc repro` gives these tables back exactly; "
+            f"`dvc repro --force --downstream search@{p['search']['backend']}` reruns it."
+        )
+    return "\n".join(lines) + "\n\n" + " ".join(text) + "\n"
+
+
+MARKS = ("<!-- headline: begin -->\n", "<!-- headline: end -->")
+
+
+def copy_headline(readme: Path = Path("README.md")) -> None:
+    """`python -m pipeline.report --readme`: reports/headline.md into the README."""
+    text = readme.read_text()
+    head, rest = text.split(MARKS[0], 1)
+    _, tail = rest.split(MARKS[1], 1)
+    atomic_write_text(readme, head + MARKS[0] + HEADLINE.read_text() + MARKS[1] + tail)

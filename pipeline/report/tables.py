@@ -1,0 +1,283 @@
+"""The report's tables: the runs' results read, and the rows computed from them.
+
+Reads results/NAME.json (each run's summary and its place in the matrix), plots/NAME.json
+(its validation curve) and runs/train/NAME/config.json (its schedule, for ECR*); writes the
+tables as CSV, reports/metrics/NAME.json (DVC metrics: each run's inter-node bytes per step
+against its ddp run's; one file per run, so `dvc metrics show` adds one column, not one per
+run). Missing runs are left out here; the page leaves a gap (—) for them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from abtrain import config as abconfig
+from abtrain import schedule
+from abtrain.files import atomic_write_text
+from pipeline.common import RUNS, SEARCHES, runs
+
+REPORTS = Path("reports")
+METRICS = REPORTS / "metrics"
+RESULTS = Path("results")
+PLOTS = Path("plots")
+SCALE_KEYS = ("nodes", "ranks_per_node", "batch", "model", "data")
+
+
+def load_runs(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name in runs(p):
+        path = RESULTS / f"{name}.json"
+        if path.exists():
+            out[name] = json.loads(path.read_text())
+    return out
+
+
+def baseline(done: dict[str, dict], s: dict) -> dict | None:
+    """The ddp run of the same model, data, scale and batch scheme."""
+    for other in done.values():
+        r, o = s["run"], other["run"]
+        if other["method"] == "ddp" and all(o.get(k) == r.get(k) for k in SCALE_KEYS):
+            return other
+    return None
+
+
+def per_step(s: dict) -> float:
+    return s["traffic"]["inter_node_bytes"] / s["steps"]
+
+
+def vs_ddp(done: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """reports/metrics/NAME.json: inter-node bytes per step over the ddp run's of the same
+    scale and batch scheme (runs without such a ddp run are left out)."""
+    out = {}
+    for name, s in done.items():
+        base = baseline(done, s)
+        if base is not None:
+            out[name] = {"vs_ddp": round(per_step(s) / per_step(base), 6)}
+    return out
+
+
+def write_metrics(ratios: dict[str, dict[str, float]]) -> None:
+    """One small metrics file per run (and none left of runs no longer in the matrix)."""
+    METRICS.mkdir(parents=True, exist_ok=True)
+    for stale in METRICS.glob("*.json"):
+        if stale.stem not in ratios:
+            stale.unlink()
+    for name, m in ratios.items():
+        atomic_write_text(METRICS / f"{name}.json", json.dumps(m, indent=2))
+
+
+def ecr(compression: float, f: float = 25.0, low: float = 75.0) -> float:
+    """The paper's Eq. 4: 100% − F − L·c, c the final size as a percentage of full."""
+    return 100.0 - f - low * (100.0 / compression) / 100.0
+
+
+def ecr_groups(cfg: abconfig.Config) -> float:
+    """Eq. 4 read the paper's way for AB (*): steps spent in AB phases send nothing."""
+    kinds = [schedule.phase_at(t, cfg).kind for t in range(cfg.steps)]
+    return 100.0 * kinds.count("ab") / len(kinds)
+
+
+def accuracy(done: dict[str, dict]) -> list[dict[str, Any]]:
+    """Absolute top-1 (best and final evaluation) beside the difference to the ddp run."""
+    rows = []
+    for name, s in done.items():
+        base = baseline(done, s)
+        own = base is s
+        best, final = s["val_top1"]["best"], s["val_top1"]["final"]
+        rows.append(
+            dict(
+                run=name,
+                method=s["method"],
+                nodes=s["run"]["nodes"],
+                ranks_per_node=s["run"]["ranks_per_node"],
+                batch=s["run"]["batch"],
+                global_batch=s["run"]["global_batch"],
+                steps=s["steps"],
+                best_top1=best,
+                final_top1=final,
+                diff_best=None if base is None or own else best - base["val_top1"]["best"],
+                diff_final=None if base is None or own else final - base["val_top1"]["final"],
+                min_val_loss=s["val_loss"]["min"],
+            )
+        )
+    return rows
+
+
+def table1(done: dict[str, dict]) -> list[dict[str, Any]]:
+    rows = []
+    for name, s in done.items():
+        t, steps, secs = s["traffic"], s["steps"], s["wall_seconds"]
+        base = baseline(done, s)
+        rows.append(
+            dict(
+                run=name,
+                method=s["method"],
+                nodes=s["run"]["nodes"],
+                ranks_per_node=s["run"]["ranks_per_node"],
+                batch=s["run"]["batch"],
+                global_batch=s["run"]["global_batch"],
+                inter_bytes_per_step=t["inter_node_bytes"] / steps,
+                inter_gb_per_s=t["inter_node_bytes"] / secs / 1e9,
+                total_bytes_per_step=t["total_bytes"] / steps,
+                ratio_to_ddp=(
+                    t["inter_node_bytes"] / base["traffic"]["inter_node_bytes"] if base else None
+                ),
+                # the paper's quantity: GB/s per process over wall time, AB's over DDP's
+                rate_ratio_to_ddp=(
+                    (t["inter_node_bytes"] / secs)
+                    / (base["traffic"]["inter_node_bytes"] / base["wall_seconds"])
+                    if base
+                    else None
+                ),
+                **(gap_parts(s, base) if base and s["method"] != "ddp" else {}),
+            )
+        )
+    return rows
+
+
+def gap_parts(s: dict, base: dict) -> dict[str, float]:
+    """AB's inter-node bytes over DDP's, split by where they are sent (each part over DDP's
+    total), and the factor wall time adds to make it a ratio of GB/s."""
+    ddp = base["traffic"]["inter_node_bytes"]
+    phases = {k: v["inter"] for k, v in s["traffic"]["by_phase"].items()}
+    full = sum(phases.pop(k, 0.0) for k in ("warmup", "rebound", "full"))
+    sync = phases.pop("sync", 0.0) + phases.pop("factorize", 0.0)
+    ab = phases.pop("ab", 0.0)
+    return dict(
+        part_full_rank_steps=full / ddp,
+        part_syncs=sync / ddp,
+        part_ab_steps=ab / ddp,
+        part_other=sum(phases.values()) / ddp,
+        time_factor=base["wall_seconds"] / s["wall_seconds"],
+    )
+
+
+# the AB methods whose AB phases send nothing across groups (ECR*)
+GROUPS_IN_NODES = ("ab", "ab_individual", "ab_powersgd")
+
+
+def saved_config(path: Path) -> abconfig.Config | None:
+    """A run folder's config; None where there is none, or it is of an older abtrain."""
+    try:
+        return abconfig.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError):  # ConfigError is a ValueError
+        return None
+
+
+def table2(done: dict[str, dict], p: dict) -> list[dict[str, Any]]:
+    rows = []
+    for name, s in done.items():
+        if s["method"] not in abconfig.AB_METHODS:  # nothing factorised: no compression
+            continue
+        base = baseline(done, s)
+        cfg = saved_config(RUNS / "train" / name / "config.json")  # ECR* needs its schedule
+        c = s["compression_ratio"]
+        rows.append(
+            dict(
+                run=name,
+                method=s["method"],
+                diff_top1=(s["val_top1"]["best"] - base["val_top1"]["best"]) if base else None,
+                compression=c,
+                ecr=ecr(c),
+                ecr_groups=(ecr_groups(cfg) if cfg and s["method"] in GROUPS_IN_NODES else None),
+                measured_reduction=(
+                    100
+                    * (1 - s["traffic"]["inter_node_bytes"] / base["traffic"]["inter_node_bytes"])
+                    if base
+                    else None
+                ),
+                ranks_kept=ranks_kept(s),
+            )
+        )
+    return rows
+
+
+def ranks_kept(s: dict) -> float | None:
+    """The share of factorised layers whose rank at the last factorisation is still that
+    of the first: how much the SVD's cutoff cut over the run."""
+    f = s.get("factorizations") or []
+    if not f or not f[0]["ranks"]:
+        return None
+    first, last = f[0]["ranks"], f[-1]["ranks"]
+    return sum(last.get(k) == v for k, v in first.items()) / len(first)
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    buf = io.StringIO()
+    if rows:
+        # rows may differ in columns (AB's parts of its traffic): every column, in order
+        w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        w.writeheader()
+        w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
+# ---------------------------------------------------------------- curves
+def scales(done: dict[str, dict]) -> list[tuple]:
+    """The matrix's scales (nodes, ranks per node, batch scheme, model, data), in its order."""
+    return list(dict.fromkeys(tuple(s["run"].get(k) for k in SCALE_KEYS) for s in done.values()))
+
+
+def scale_label(s: dict, several_models: bool) -> str:
+    r = s["run"]
+    label = (
+        f"{r['nodes']} nodes × {r['ranks_per_node']} rank{'s' * (r['ranks_per_node'] > 1)}, "
+        f"{r['batch']} batch "
+        f"({r['global_batch'] // (r['nodes'] * r['ranks_per_node'])}/rank, "
+        f"{r['global_batch']} global)"
+    )
+    return f"{r.get('model')} on {r.get('data')}: {label}" if several_models else label
+
+
+def curves(done: dict[str, dict]) -> list[dict[str, Any]]:
+    """Every run's evaluations as rows {run, method, scale, step, val_top1, inter_node_mb, ...}:
+    from plots/NAME.json, or the summary's own evaluations where that file lacks traffic."""
+    order = scales(done)
+    several = len({(k[3], k[4]) for k in order}) > 1
+    rows = []
+    for name, s in done.items():
+        path = PLOTS / f"{name}.json"
+        own = json.loads(path.read_text()) if path.exists() else []
+        if not own or any("inter_node_mb" not in r for r in own):
+            own = [
+                dict(
+                    step=e["step"],
+                    val_top1=e["val_top1"],
+                    val_loss=e["val_loss"],
+                    inter_node_mb=(
+                        e["inter_node_bytes"] / 1e6 if "inter_node_bytes" in e else None
+                    ),
+                    samples=e.get("samples"),
+                )
+                for e in s.get("evals", [])
+            ]
+        key = tuple(s["run"].get(k) for k in SCALE_KEYS)
+        extra = dict(
+            run=name,
+            method=s["method"],
+            scale=scale_label(s, several),
+            scale_order=order.index(key),
+        )
+        rows += [{**r, **extra} for r in own]
+    return rows
+
+
+# ---------------------------------------------------------------- searches and seeds
+def search_folders() -> list[Path]:
+    """The searches that ran: runs/search/BACKEND with its evaluations."""
+    return [f for f in sorted(SEARCHES.glob("*")) if (f / "evaluations.jsonl").exists()]
+
+
+def seed_noise() -> float | None:
+    """The largest spread of one method's best top-1 across seeds (reports/seeds, from
+    `python -m bench.seeds`), if that study is here."""
+    path = REPORTS / "seeds" / "seeds.json"
+    if not path.exists():
+        return None
+    methods = json.loads(path.read_text()).get("summary", {}).get("methods", {})
+    spreads = [m["best_top1"]["range"] for m in methods.values() if "best_top1" in m]
+    return max(spreads) if spreads else None

@@ -1,0 +1,166 @@
+"""A tracking server killed mid-run, as it happens: a real `mlflow server` process, SIGKILL
+after the run's first evaluation. With `tracking.required: false` the run trains to the end
+and keeps what the server missed; with `true` it stops at its next checkpoint saying why,
+and, started again once the server is back, resumes there and sends what it kept."""
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PARAMS, ROOT, TINY, summary
+
+pytestmark = pytest.mark.multiprocess
+
+STEPS = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(store: Path, port: int) -> subprocess.Popen:
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{store / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(store / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return server
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                server.kill()
+                raise AssertionError(
+                    f"mlflow server on port {port} did not answer in 120 s"
+                ) from None
+            time.sleep(0.5)
+
+
+def kill(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+
+
+def train(out: Path, uri: str, required: bool, kill_after_eval: subprocess.Popen | None):
+    """A 2-node run; with `kill_after_eval`, that server is SIGKILLed once the run has
+    logged its first evaluation. Returns (exit code, stdout, stderr)."""
+    cmd = [sys.executable, "-m", "abtrain.launch", "--nnodes=2", "--nproc-per-node=1"]
+    cmd += ["train", "--config", str(PARAMS), "--out", str(out)]
+    sets = [
+        *TINY,
+        f"steps={STEPS}",
+        "eval_every=20",
+        "checkpoint_every=20",
+        "method=ab",
+        "tracking.enabled=true",
+        f"tracking.uri={uri}",
+        f"tracking.required={str(required).lower()}",
+        "tracking.log_model=false",
+    ]
+    for s in sets:
+        cmd += ["--set", s]
+    errors = tempfile.TemporaryFile("w+")  # a pipe left unread could fill and stall the run
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=errors, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout] + [lines.put(None)]).start()
+    said, deadline = [], time.time() + 300
+    while True:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.time()))
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError("the run did not finish in 300 s:\n" + "".join(said)) from None
+        if line is None:
+            break
+        said.append(line)
+        if kill_after_eval is not None and "val loss" in line:
+            kill(kill_after_eval)
+            kill_after_eval = None
+    code = proc.wait(timeout=60)
+    errors.seek(0)
+    return code, "".join(said), errors.read()
+
+
+def test_a_lost_server_does_not_stop_a_run_that_does_not_require_it(tmp_path):
+    port = free_port()
+    server = start_server(tmp_path, port)
+    try:
+        rc, out, err = train(tmp_path / "run", f"http://127.0.0.1:{port}", False, server)
+    finally:
+        kill(server)
+    assert rc == 0, err[-3000:]
+    assert "lost at step" in err and "training on" in err, err[-3000:]
+    assert summary(tmp_path / "run")["steps"] == STEPS  # trained to the end, summary written
+    kept = (tmp_path / "run" / "mlflow_unsent.jsonl").read_text().splitlines()
+    assert any('"final/val_top1_best"' in k for k in kept)  # the end of the run is kept
+    assert "mlflow_unsent.jsonl" in err  # and the user is told where
+    assert "Traceback" not in err
+
+
+def test_a_run_that_requires_its_server_stops_at_a_checkpoint_and_resumes_when_it_is_back(
+    tmp_path,
+):
+    from mlflow.tracking import MlflowClient
+
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = start_server(tmp_path, port)
+    try:
+        rc, out, err = train(tmp_path / "run", uri, True, server)
+    finally:
+        kill(server)
+    assert rc != 0
+    assert "tracking.required is true" in err and "stopped at the checkpoint of step" in err
+    assert not (tmp_path / "run" / "summary.json").exists()
+    stopped_at = int((tmp_path / "run" / "checkpoints" / "LATEST").read_text())
+    assert 20 <= stopped_at < STEPS
+    assert (tmp_path / "run" / "mlflow_unsent.jsonl").exists()
+
+    server = start_server(tmp_path, port)  # back, on the same store
+    try:
+        rc, out, err = train(tmp_path / "run", uri, True, None)
+        assert rc == 0, err[-3000:]
+        assert f"resumed from step {stopped_at}" in out
+        assert not (tmp_path / "run" / "mlflow_unsent.jsonl").exists()  # sent
+        client = MlflowClient(tracking_uri=uri)
+        (run,) = client.search_runs(
+            [e.experiment_id for e in client.search_experiments()], max_results=5
+        )
+        assert run.info.status == "FINISHED"
+        logged = {m.step for m in client.get_metric_history(run.info.run_id, "val_top1")}
+        s = summary(tmp_path / "run")
+        assert logged == {e["step"] for e in s["evals"]}  # none missing, the kept ones too
+    finally:
+        kill(server)
