@@ -24,8 +24,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def die_with_parent(sig: int) -> None:
@@ -106,6 +108,8 @@ def run_local(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (nnodes * nproc_per_node)))
     )
     procs: list[subprocess.Popen] = []
+    relays: list[threading.Thread] = []
+    stopping = threading.Event()
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     code, deadline = 0, None
     try:
@@ -115,10 +119,13 @@ def run_local(
                 subprocess.Popen(
                     cmd,
                     env=env,
+                    stderr=subprocess.PIPE,
                     start_new_session=True,
                     preexec_fn=lambda: die_with_parent(signal.SIGTERM),
                 )
             )
+            relays.append(threading.Thread(target=_relay, args=(procs[-1], stopping)))
+            relays[-1].start()
         while any(p.poll() is None for p in procs):
             if deadline is not None and time.monotonic() > deadline:
                 break
@@ -138,15 +145,45 @@ def run_local(
             time.sleep(0.2)
         code = code or next((p.returncode for p in procs if p.returncode), 0)
     except Stopped as stop:
+        stopping.set()
         print(f"[abtrain.launch] {stop}: stopping every node", file=sys.stderr, flush=True)
         code = 128 + stop.signum
     finally:
         for sig in STOP_SIGNALS:  # a second signal must not cut the stopping short
             signal.signal(sig, signal.SIG_IGN)
         _stop(procs)
+        for relay in relays:
+            relay.join(timeout=10)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if stopping.is_set():
+        print(f"[abtrain.launch] every node stopped; {_last_checkpoint(args)}", file=sys.stderr)
     return code
+
+
+def _relay(proc: subprocess.Popen, stopping: threading.Event) -> None:
+    """Pass a node's stderr (its torchrun's and its ranks') on to ours. Once the launcher
+    is stopping the run, only abtrain's own lines: torchrun answers the signal with a
+    SignalException traceback per node, which would bury the line that says what stopped."""
+    for line in iter(proc.stderr.readline, b""):
+        if not stopping.is_set() or line.startswith(b"[abtrain"):
+            sys.stderr.buffer.write(line)
+            sys.stderr.flush()
+    proc.stderr.close()
+
+
+def _last_checkpoint(args: Sequence[str]) -> str:
+    """Where a stopped run resumes from, read from its run folder (`--out`)."""
+    out = next((a.split("=", 1)[1] for a in args if a.startswith("--out=")), None)
+    if "--out" in args and args.index("--out") + 1 < len(args):
+        out = args[args.index("--out") + 1]
+    if out is None:
+        return "the run folder holds its last checkpoint"
+    latest = Path(out) / "checkpoints" / "LATEST"
+    step = latest.read_text().strip() if latest.exists() else ""
+    if not step.isdigit():
+        return f"no checkpoint in {latest.parent} yet: started again, the run starts over"
+    return f"the run resumes from its checkpoint of step {step} in {latest.parent}"
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)

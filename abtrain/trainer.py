@@ -373,7 +373,7 @@ class Trainer:
         step = self.state.step
         self.checkpointer.save(step, self.model, self.opt, self.state, self.ledger, run_id, writer)
         # 1: asked to stop, to be requeued; 2: the store this run requires is gone
-        why = max(self.stops.requested(), 2 * self.tracker.must_stop)
+        why = max(int(self.stops.requested()), 2 * int(self.tracker.must_stop))
         stop = torch.tensor([why], device=self.device)
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if self.rank == 0:

@@ -382,42 +382,53 @@ def write_rate(a: argparse.Namespace, rate: str | None, results: list[dict[str, 
 
 def plot() -> None:
     """bench/results/network.png: validation top-1 against wall time, one panel per rate
-    and shape (the summary's figure is bench.rates')."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    and shape (the summary's figure is bench.rates'); each method in its colour and marker
+    of pipeline.style, one legend for all panels, where no data is."""
     from bench.rates import load
+    from pipeline import style
 
     files = load(RESULTS)
     if not files:
         return
     cols = min(3, len(files))
     rows = -(-len(files) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)
-    for ax in axes.flat[len(files) :]:
-        ax.axis("off")
-    for ax, d in zip(axes.flat, files):
-        for r in d["results"]:
-            ax.plot(
-                [e["seconds"] for e in r["evals"]],
-                [e["val_top1"] for e in r["evals"]],
-                marker="o",
-                ms=3,
-                label=r["method"],
-            )
-        ax.axhline(d["results"][0]["target_top1"], color="grey", ls=":", lw=1)
-        ax.set(
-            title=f"{d['nodes']} nodes x {d['ranks_per_node']} ranks, link {d['rate']}",
-            xlabel="wall time (s)",
-            ylabel="validation top-1 (%)",
+    methods = style.ordered(r["method"] for d in files for r in d["results"])
+    with style.matplotlib_defaults() as plt:
+        fig, axes = plt.subplots(
+            rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False, layout="constrained"
         )
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "network.png", dpi=100)
-    plt.close(fig)
+        spare = list(axes.flat[len(files) :])
+        for ax in spare:
+            ax.axis("off")
+        for ax, d in zip(axes.flat, files):
+            for r in sorted(d["results"], key=lambda r: style.rank(r["method"])):
+                ax.plot(
+                    [e["seconds"] for e in r["evals"]],
+                    [e["val_top1"] for e in r["evals"]],
+                    **{
+                        **style.marker(r["method"], edge="white"),
+                        "ms": 0.85 * style.size(r["method"]),
+                    },
+                    lw=1.2,
+                )
+            ax.axhline(d["results"][0]["target_top1"], color="grey", ls=":", lw=1, zorder=1)
+            ax.set(
+                title=f"{d['nodes']} nodes x {d['ranks_per_node']} ranks, link {d['rate']}",
+                xlabel="wall time (s)",
+                ylabel="validation top-1 (%)",
+            )
+            ax.grid(alpha=0.3)
+        key = style.handles(methods, edge="white")
+        key.append(
+            plt.Line2D(
+                [], [], color="grey", ls=":", label="target: the runs' lowest best top-1 (smoothed)"
+            )
+        )
+        if spare:  # the empty panel holds the legend
+            spare[0].legend(handles=key, loc="center", title="method")
+        else:
+            fig.legend(handles=key, loc="outside right upper", title="method")
+        style.save(fig, RESULTS / "network.png", dpi=100)
 
 
 if __name__ == "__main__":

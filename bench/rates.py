@@ -307,90 +307,93 @@ def summarise(params: dict, results: Path = RESULTS) -> dict[str, Any] | None:
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """One panel per shape: each method's predicted time to target over the link (line)
+    and its measured ones (points), in its colour and marker of pipeline.style; the
+    crossovers numbered, listed under the panel; one legend, outside the panels."""
+    from pipeline import style
 
     shapes = summary["shapes"]
-    fig, axes = plt.subplots(1, len(shapes), figsize=(7.5 * len(shapes), 5.2), squeeze=False)
+    methods = style.ordered(
+        [m for shape in shapes for m in shape["model_curves"]]
+        + [row["method"] for shape in shapes for r in shape["rates"] for row in r["methods"]]
+    )
     free_x = 40e3  # where the unshaped link sits on the Mbit/s axis
-    colors = {}
-    for ax, shape in zip(axes[0], shapes):
-        for m, curve in sorted(shape["model_curves"].items()):
-            xs = [free_x if x is None else x for x, _ in curve]
-            (line,) = ax.plot(xs[:-1], [y for _, y in curve[:-1]], lw=1.5, label=f"{m} (model)")
-            colors[m] = line.get_color()
-            ax.plot(xs[-2:], [y for _, y in curve[-2:]], lw=1, ls=":", color=line.get_color())
-        for r in shape["rates"]:
-            x = r["link_bytes_per_s"] * 8 / 1e6 if r["link_bytes_per_s"] else free_x
-            for row in r["methods"]:
-                if row["seconds_to_target"] is None:
-                    continue
-                c = colors.get(row["method"])
-                if c is None:
-                    c = colors[row["method"]] = f"C{len(colors)}"
-                ax.plot(x, row["seconds_to_target"], "o", color=c, ms=6, mec="black", mew=0.5)
-        # numbered markers, listed in a box: labels beside close crossovers would overlap
-        listed = []
-        for k, c in enumerate(shape["crossovers"], 1):
-            y = c["seconds_to_target"]
-            ax.plot(c["mbit_per_s"], y, "X", color="black", ms=8, zorder=5)
-            ax.annotate(
-                str(k),
-                (c["mbit_per_s"], y),
-                xytext=(4, 4),
-                textcoords="offset points",
-                fontsize=8,
-                fontweight="bold",
-            )
-            listed.append(
-                f"{k}: {c['mbit_per_s']:.0f} Mbit/s, {c['faster_below']} faster below, "
-                f"{c['faster_above']} above"
-            )
-        if listed:
-            ax.text(
-                0.02,
-                0.02,
-                "\n".join(listed),
-                transform=ax.transAxes,
-                fontsize=7.5,
-                va="bottom",
-                bbox=dict(facecolor="white", alpha=0.85, lw=0.5),
-            )
-        ticks = [20, 50, 200, 1000, 10_000, free_x]
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xticks(ticks, ["20M", "50M", "200M", "1G", "10G", "unshaped"])
-        ax.minorticks_off()
-        lo, hi = ax.get_ylim()
-        yt = [v for v in (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000) if lo <= v <= hi]
-        ax.set_yticks(yt, [str(v) for v in yt])
-        ax.axvline(20e3, color="grey", lw=0.8, ls="--")  # the axis breaks: no rate beyond
-        ax.set(
-            title=f"{shape['nodes']} nodes x {shape['ranks_per_node']} "
-            f"rank{'s' * (shape['ranks_per_node'] > 1)}: time to "
-            f"{shape['target_top1']:.2f}% top-1 (smoothed)",
-            xlabel="link per node, each way (bit/s)",
-            ylabel="seconds to target (log)",
+    with style.matplotlib_defaults() as plt:
+        fig, axes = plt.subplots(
+            1, len(shapes), figsize=(7 * len(shapes) + 2, 5.6), squeeze=False, layout="constrained"
         )
-        ax.grid(alpha=0.3, which="both")
-        handles = [
-            plt.Line2D([], [], color=c, marker="o", mec="black", mew=0.5, label=m)
-            for m, c in colors.items()
-        ]
-        label = "crossover (model):\nfaster below | above"
+        for ax, shape in zip(axes[0], shapes):
+            for m in style.ordered(shape["model_curves"]):
+                curve = shape["model_curves"][m]
+                xs = [free_x if x is None else x for x, _ in curve]
+                c, z = style.colour(m), 2 + 0.1 * style.rank(m)
+                ax.plot(xs[:-1], [y for _, y in curve[:-1]], lw=1.5, color=c, zorder=z)
+                ax.plot(xs[-2:], [y for _, y in curve[-2:]], lw=1, ls=":", color=c, zorder=z)
+            for r in shape["rates"]:
+                x = r["link_bytes_per_s"] * 8 / 1e6 if r["link_bytes_per_s"] else free_x
+                for row in r["methods"]:
+                    if row["seconds_to_target"] is None:
+                        continue
+                    dot = style.marker(row["method"], filled=False)  # outlines: all seen
+                    dot["zorder"] += 2  # over every line
+                    ax.plot(x, row["seconds_to_target"], ls="", **dot)
+            # numbered markers, listed under the panel: labels beside close crossovers
+            # would overlap, and a list inside the panel could cover points
+            listed = []
+            for k, c in enumerate(shape["crossovers"], 1):
+                y = c["seconds_to_target"]
+                ax.plot(c["mbit_per_s"], y, "X", color="black", ms=8, zorder=5)
+                ax.annotate(
+                    str(k),
+                    (c["mbit_per_s"], y),
+                    xytext=(4, 4),
+                    textcoords="offset points",
+                    fontsize=8,
+                    fontweight="bold",
+                    zorder=6,
+                )
+                listed.append(
+                    f"{k}: {c['mbit_per_s']:.0f} Mbit/s, {c['faster_below']} faster below, "
+                    f"{c['faster_above']} above"
+                )
+            ticks = [20, 50, 200, 1000, 10_000, free_x]
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xticks(ticks, ["20M", "50M", "200M", "1G", "10G", "unshaped"])
+            ax.minorticks_off()
+            lo, hi = ax.get_ylim()
+            yt = [v for v in (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000) if lo <= v <= hi]
+            ax.set_yticks(yt, [str(v) for v in yt])
+            ax.axvline(20e3, color="grey", lw=0.8, ls="--", zorder=1)  # the axis breaks
+            ax.set(
+                title=f"{shape['nodes']} nodes x {shape['ranks_per_node']} "
+                f"rank{'s' * (shape['ranks_per_node'] > 1)}: time to "
+                f"{shape['target_top1']:.2f}% top-1 (smoothed)",
+                xlabel="link per node, each way (bit/s)",
+                ylabel="seconds to target (log)",
+            )
+            if listed:  # under the axis label, left-aligned with the panel
+                ax.annotate(
+                    "crossovers (model):\n" + "\n".join(listed),
+                    (0, 0),
+                    xycoords=("axes fraction", ax.xaxis.label),
+                    xytext=(0, -8),
+                    textcoords="offset points",
+                    fontsize=8,
+                    va="top",
+                )
+            ax.grid(alpha=0.3, which="both")
+        handles = style.handles(methods, filled=False)
+        label = "crossover (model)"
         handles.append(plt.Line2D([], [], color="black", marker="X", ls="", label=label))
-        ax.legend(
+        fig.legend(
             handles=handles,
             fontsize=8,
-            loc="upper right",
-            title="dots: measured; lines: model",
+            loc="outside right upper",
+            title="points: measured\nlines: model",
             title_fontsize=8,
         )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        style.save(fig, path, dpi=110)
 
 
 def print_summary(summary: dict[str, Any]) -> None:

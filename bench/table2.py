@@ -212,77 +212,93 @@ def table(runs_dir: Path, names: tuple[str, ...] = RUNS + EXTRA, **kw: Any) -> d
 
 
 def figure(data: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    """Compression and top-1 against the step, and the last ranks per layer. A run has its
+    method's colour and marker (pipeline.style, as in every figure); runs of one method
+    differ by line: solid VGG16, dashed VGG16 at the raised weight decay (open markers,
+    hatched bars), dash-dot the ViT."""
+    from pipeline import style
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def look(name: str, run: dict[str, Any]) -> dict[str, Any]:
+        wd = name.endswith("-wd")
+        ls = "-." if "vit" in run["model"] else "--" if wd else "-"
+        kw = style.marker(run["method"])
+        kw.update(ms=0.6 * kw["ms"], ls=ls, lw=1.3, mfc="white" if wd else kw["color"])
+        return kw
 
-    fig, (ax1, ax2, ax3) = plt.subplots(
-        1, 3, figsize=(17, 4.8), gridspec_kw=dict(width_ratios=[1, 1, 1.2])
-    )
-    colour = {n: f"C{i}" for i, n in enumerate(data["runs"])}  # one colour per run
-    for name, run in data["runs"].items():
-        ev = run["evals"]
-        ax2.plot(
-            [e["step"] for e in ev],
-            [e["val_top1"] for e in ev],
-            marker="o",
-            ms=3,
-            label=f"{name} ({run['method']})",
-            color=colour[name],
+    with style.matplotlib_defaults() as plt:
+        fig, (ax1, ax2, ax3) = plt.subplots(
+            1,
+            3,
+            figsize=(17, 5.2),
+            gridspec_kw=dict(width_ratios=[1, 1, 1.2]),
+            layout="constrained",
         )
-        f = run["factorizations"]
-        if f:
-            ax1.step(
-                [x["step"] for x in f],
-                [x["compression_ratio"] for x in f],
-                where="post",
-                marker="o",
-                ms=3,
+        for name, run in data["runs"].items():
+            ev = run["evals"]
+            ax2.plot(
+                [e["step"] for e in ev],
+                [e["val_top1"] for e in ev],
+                label=f"{name} ({run['method']})",
+                **look(name, run),
+            )
+            f = run["factorizations"]
+            if f:
+                ax1.step(
+                    [x["step"] for x in f],
+                    [x["compression_ratio"] for x in f],
+                    where="post",
+                    label=name,
+                    **look(name, run),
+                )
+        ax1.axhline(1.0, color="grey", lw=0.8, ls="--", zorder=1)
+        ax1.set(
+            xlabel="step (factorisation)",
+            ylabel="compression full:current",
+            title="compression ratio at each factorisation (AB runs)",
+        )
+        ax2.axhline(data["chance_top1"], color="grey", lw=0.8, ls="--", label="chance", zorder=1)
+        ax2.set(xlabel="step", ylabel="val top-1 (%)", title="validation top-1")
+        # per layer, the VGG16 AB runs' last factorisation: rank / full rank of the matrix view
+        vggs = {
+            n: r for n, r in data["runs"].items() if r["method"] == "ab" and "vgg" in r["model"]
+        }
+        width = 0.8 / max(1, len(vggs))
+        for j, (name, r) in enumerate(vggs.items()):
+            rows = r["layers"]
+            xs = [i + (j - (len(vggs) - 1) / 2) * width for i in range(len(rows))]
+            wd = name.endswith("-wd")
+            c = style.colour(r["method"])
+            ax3.bar(
+                xs,
+                [x["rank"] / x["full_rank"] for x in rows],
+                width,
                 label=name,
-                color=colour[name],
+                color="white" if wd else c,
+                edgecolor=c,
+                hatch="////" if wd else None,
             )
-    ax1.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax1.set(
-        xlabel="step (factorisation)",
-        ylabel="compression full:current",
-        title="compression ratio at each factorisation (AB runs)",
-    )
-    ax2.axhline(data["chance_top1"], color="grey", lw=0.8, ls="--", label="chance")
-    ax2.set(xlabel="step", ylabel="val top-1 (%)", title="validation top-1")
-    # per layer, the VGG16 AB runs' last factorisation: rank / full rank of the matrix view
-    vggs = {n: r for n, r in data["runs"].items() if r["method"] == "ab" and "vgg" in r["model"]}
-    width = 0.8 / max(1, len(vggs))
-    for j, (name, r) in enumerate(vggs.items()):
-        rows = r["layers"]
-        xs = [i + (j - (len(vggs) - 1) / 2) * width for i in range(len(rows))]
-        ax3.bar(
-            xs, [x["rank"] / x["full_rank"] for x in rows], width, label=name, color=colour[name]
+            for x, row in zip(xs, rows):
+                ax3.text(
+                    x,
+                    row["rank"] / row["full_rank"] + 0.02,
+                    str(row["rank"]),
+                    ha="center",
+                    fontsize=6,
+                    rotation=90,
+                )
+            ax3.set_xticks(range(len(rows)), [x["layer"] for x in rows], rotation=70, fontsize=7)
+        ax3.set(
+            ylim=(0, 1.25),
+            ylabel="rank / full rank",
+            title="VGG16 AB runs: ranks at the last factorisation",
         )
-        for x, row in zip(xs, rows):
-            ax3.text(
-                x,
-                row["rank"] / row["full_rank"] + 0.02,
-                str(row["rank"]),
-                ha="center",
-                fontsize=6,
-                rotation=90,
-            )
-        ax3.set_xticks(range(len(rows)), [x["layer"] for x in rows], rotation=70, fontsize=7)
-    ax3.set(
-        ylim=(0, 1.25),
-        ylabel="rank / full rank",
-        title="VGG16 AB runs: ranks at the last factorisation",
-    )
-    ax3.legend(fontsize=8, loc="upper left")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", ncol=1 if ax is ax1 else 3)
-    top = max(e["val_top1"] for r in data["runs"].values() for e in r["evals"])
-    ax2.set_ylim(top=top + 10)  # room for the legend above the curves
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        ax3.legend(fontsize=8, loc="upper left", ncol=2)  # above the bars (ylim 1.25)
+        for ax in (ax1, ax2):
+            ax.grid(alpha=0.3)
+        # legends under the panels: the curves fill the panels' corners
+        for ax, ncol in ((ax1, 3), (ax2, 2)):
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=ncol)
+        style.save(fig, path, dpi=110)
 
 
 def markdown(data: dict[str, Any]) -> str:

@@ -8,6 +8,11 @@ figures without a network this module fills the same template with DVC's own ren
 (dvc_render) from the same definitions in dvc.yaml, and renders it with vl-convert (Vega and
 Vega-Lite compiled into the wheel; pinned in requirements.lock): SVG and PNG in
 `reports/figures/`, a self-contained HTML page per chart in `reports/plots/`.
+
+The report stage calls `render()` too: the two commands write these files from the same
+inputs through the same code, so they write the same bytes (vl-convert's SVG and PNG carry
+no date or version), and a file whose bytes would not change is not rewritten. Each
+method's colour and point shape are the template's scales, pipeline.style's palette.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ from typing import Any
 
 import yaml
 
-from abtrain.files import atomic_write_text
+from pipeline.style import write_bytes
 
 DVC_YAML = Path("dvc.yaml")
 TEMPLATE = "pipeline/curves_template.json"
 FIGURES = Path("reports/figures")
 PAGES = Path("reports/plots")
 VEGA_LITE = "5.21"  # one of vl_convert.get_vegalite_versions(); fixed so figures don't drift
+PNG_SCALE = 2  # pixels per Vega unit
 
 
 def definitions(dvc_yaml: Path = DVC_YAML) -> dict[str, dict[str, Any]]:
@@ -70,13 +76,11 @@ def render(dvc_yaml: Path = DVC_YAML) -> list[Path]:
         FIGURES.mkdir(parents=True, exist_ok=True)
         PAGES.mkdir(parents=True, exist_ok=True)
         svg = FIGURES / f"{name}.svg"
-        atomic_write_text(svg, vlc.vegalite_to_svg(s, vl_version=VEGA_LITE))
+        write_bytes(svg, vlc.vegalite_to_svg(s, vl_version=VEGA_LITE).encode())
         png = FIGURES / f"{name}.png"
-        tmp = png.with_suffix(".png.tmp")
-        tmp.write_bytes(vlc.vegalite_to_png(s, vl_version=VEGA_LITE, scale=2))
-        tmp.replace(png)
+        write_bytes(png, vlc.vegalite_to_png(s, vl_version=VEGA_LITE, scale=PNG_SCALE))
         page = vlc.vegalite_to_html(s, vl_version=VEGA_LITE, bundle=True)
-        atomic_write_text(PAGES / f"{name}.html", page)
+        write_bytes(PAGES / f"{name}.html", page.encode())
         made += [svg, png]
     return made
 

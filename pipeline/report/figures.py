@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from abtrain.files import atomic_write_text
+from pipeline import style
 from pipeline.report.tables import REPORTS, per_step
 
 FIGURES = REPORTS / "figures"
-TABLEAU10 = ["#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2"]
 
 
 def in_scheme(s: dict, scheme: str, p: dict) -> bool:
@@ -26,38 +26,33 @@ def in_scheme(s: dict, scheme: str, p: dict) -> bool:
 
 
 def figures(done: dict[str, dict], p: dict) -> list[tuple[str, str]]:
-    """The matplotlib figures, as (file under reports/, caption)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """The matplotlib figures, as (file under reports/, caption). Each method in its colour
+    and marker of pipeline.style, as in every other figure; the points of one rank count
+    spread a little sideways, so that equal values do not hide one another; one legend per
+    figure, outside the panels."""
     made = []
-    methods = sorted({s["method"] for s in done.values()})
-    # Vega-Lite's default scheme in its (sorted) order: a method has one colour on the page
-    color = dict(zip(methods, TABLEAU10 * (1 + len(methods) // len(TABLEAU10))))
+    methods = style.ordered(s["method"] for s in done.values())
+    dodge = style.offsets(methods, 0.05)  # in ranks; the ticks stay at the rank counts
     reference = p["experiments"]["reference_global_batch"]
     FIGURES.mkdir(parents=True, exist_ok=True)
 
     def save(fig, name, caption):
-        fig.tight_layout()
-        fig.savefig(FIGURES / name, dpi=100)
-        plt.close(fig)
+        style.save(fig, FIGURES / name, dpi=100)
         made.append((f"figures/{name}", caption))
 
     def points(scheme, method, value):
         return sorted(
-            (s["world_size"], value(s))
+            (s["world_size"] + dodge[method], value(s))
             for s in done.values()
             if s["method"] == method and in_scheme(s, scheme, p)
         )
 
     def method_lines(ax, scheme, value):
-        """One line per method of `value` against the ranks, in the method's colour."""
+        """One line per method of `value` against the ranks, in the method's style."""
         for m in methods:
             pts = points(scheme, m, value)
             if pts:
-                ax.plot(*zip(*pts), marker="o", color=color[m], label=m)
+                ax.plot(*zip(*pts), **style.marker(m), label=m)
 
     def ranks_axis(ax, scheme):
         worlds = sorted({s["world_size"] for s in done.values() if in_scheme(s, scheme, p)})
@@ -68,66 +63,84 @@ def figures(done: dict[str, dict], p: dict) -> list[tuple[str, str]]:
         "local": "constant local batch (global batch grows with ranks)",
         "global": f"constant global batch ({reference} in all)",
     }
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))  # like the paper's Figure 1: traffic
-    for ax, scheme in zip(axes, ("local", "global")):
-        method_lines(ax, scheme, lambda s: per_step(s) / 1e6)
-        ax.set(
-            title=titles[scheme],
-            xlabel="ranks (world size)",
-            ylabel="inter-node MB per step per rank",
+    with style.matplotlib_defaults() as plt:
+        # like the paper's Figure 1: traffic
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+        for ax, scheme in zip(axes, ("local", "global")):
+            method_lines(ax, scheme, lambda s: per_step(s) / 1e6)
+            ax.set(
+                title=titles[scheme],
+                xlabel="ranks (world size)",
+                ylabel="inter-node MB per step per rank",
+            )
+            ranks_axis(ax, scheme)
+        fig.legend(handles=style.handles(methods), loc="outside right upper", fontsize=8)
+        save(
+            fig,
+            "traffic_vs_scale.png",
+            "Inter-node megabytes each rank sends per training step (mean over ranks, whole "
+            "run: warm-up, AB phases, syncs and rebounds), against the number of ranks; left "
+            "at constant local batch, right at constant global batch. Lower is less network "
+            "traffic; the gap between a method's line and ddp's is its saving. The bytes of "
+            "a step do not depend on the batch, so a point shared by both panels has one "
+            "value. Each method has its colour and marker in every figure; the points of a "
+            "rank count are spread slightly sideways so that close values stay visible.",
         )
-        ranks_axis(ax, scheme)
-        ax.legend(fontsize=8)
-    save(
-        fig,
-        "traffic_vs_scale.png",
-        "Inter-node megabytes each rank sends per training step (mean over ranks, whole run: "
-        "warm-up, AB phases, syncs and rebounds), against the number of ranks; left at "
-        "constant local batch, right at constant global batch. Lower is less network "
-        "traffic; the gap between a method's line and ddp's is its saving. The bytes of a "
-        "step do not depend on the batch, so a point shared by both panels has one value.",
-    )
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))  # like Figures 3-7, against ranks
-    for row, scheme in enumerate(("local", "global")):
-        ax = axes[row, 0]
-        for m in methods:
-            best = points(scheme, m, lambda s: s["val_top1"]["best"])
-            final = points(scheme, m, lambda s: s["val_top1"]["final"])
-            if best:
-                ax.plot(*zip(*best), marker="o", color=color[m], label=f"{m}: best")
-                ax.plot(*zip(*final), marker="x", ls="--", color=color[m], label=f"{m}: final")
-        ax.set(title=titles[scheme], xlabel="ranks (world size)", ylabel="validation top-1 (%)")
-        ranks_axis(ax, scheme)
-        ax.legend(fontsize=7)
-        ax = axes[row, 1]
-        method_lines(ax, scheme, lambda s: s["compression_ratio"])
-        ax.axhline(1.0, color="k", lw=0.8, ls=":")
-        ax.annotate(
-            "1:1 (A and B as large as W)",
-            (0.02, 1.0),
-            xycoords=("axes fraction", "data"),
-            fontsize=7,
-            va="top",
+        # like Figures 3-7, against ranks
+        fig, axes = plt.subplots(2, 2, figsize=(12.5, 7.5), layout="constrained")
+        for row, scheme in enumerate(("local", "global")):
+            ax = axes[row, 0]
+            for m in methods:
+                best = points(scheme, m, lambda s: s["val_top1"]["best"])
+                final = points(scheme, m, lambda s: s["val_top1"]["final"])
+                if best:  # final: a larger open marker under best's, seen around it
+                    ring = style.marker(m)
+                    ring.update(ms=1.6 * ring["ms"], mfc="none", mec=ring["color"], mew=1.0)
+                    ring["zorder"] -= 1
+                    ax.plot(*zip(*final), **ring, ls="--")
+                    ax.plot(*zip(*best), **style.marker(m))
+            ax.set(title=titles[scheme], xlabel="ranks (world size)", ylabel="validation top-1 (%)")
+            ranks_axis(ax, scheme)
+            ax = axes[row, 1]
+            method_lines(ax, scheme, lambda s: s["compression_ratio"])
+            ax.axhline(1.0, color="k", lw=0.8, ls=":", zorder=1)
+            ax.annotate(
+                "1:1 (A and B as large as W)",
+                (0.5, 1.0),
+                xycoords=("axes fraction", "data"),
+                xytext=(0, -3),
+                textcoords="offset points",
+                fontsize=7,
+                ha="center",
+                va="top",
+            )
+            ax.set(
+                title=titles[scheme],
+                xlabel="ranks (world size)",
+                ylabel="compression (full size / size at the end)",
+            )
+            ranks_axis(ax, scheme)
+        key = style.handles(methods) + [
+            plt.Line2D([], [], color="grey", marker="o", mec="black", mew=0.5, label="top-1: best"),
+            plt.Line2D(
+                [], [], color="grey", marker="o", ms=10, mfc="none", ls="--", label="top-1: final"
+            ),
+        ]
+        fig.legend(handles=key, loc="outside right upper", fontsize=8)
+        save(
+            fig,
+            "accuracy_compression_vs_ranks.png",
+            "Top row: runs at constant local batch (each rank keeps its batch, so the global "
+            "batch grows with the ranks); bottom row: runs at constant global batch "
+            f"({reference} split over the ranks). Left: validation top-1 at its best "
+            "evaluation (solid line, filled marker) and at the last one (dashed line, open "
+            "ring: around the filled marker where the two are equal) "
+            "against the number of ranks; right: the model's compression at the end "
+            "(parameters of the full model over those of the trained one; ddp is 1:1 by "
+            "definition). Above the dotted 1:1 line AB's factors are smaller than the weights "
+            "they replace; below it they are larger.",
         )
-        ax.set(
-            title=titles[scheme],
-            xlabel="ranks (world size)",
-            ylabel="compression (full size / size at the end)",
-        )
-        ranks_axis(ax, scheme)
-        ax.legend(fontsize=7)
-    save(
-        fig,
-        "accuracy_compression_vs_ranks.png",
-        "Top row: runs at constant local batch (each rank keeps its batch, so the global "
-        "batch grows with the ranks); bottom row: runs at constant global batch "
-        f"({reference} split over the ranks). Left: validation top-1 at its best evaluation "
-        "(solid) and at the last one (dashed) against the number of ranks; right: the "
-        "model's compression at the end (parameters of the full model over those of the "
-        "trained one; ddp is 1:1 by definition). Above the dotted 1:1 line AB's factors are "
-        "smaller than the weights they replace; below it they are larger.",
-    )
     return made
 
 
@@ -168,7 +181,9 @@ def search_comparison(folders: list[Path]) -> tuple[list[dict[str, Any]], list[t
 
     results = [search_curves(f) for f in folders]
     FIGURES.mkdir(parents=True, exist_ok=True)
-    plot(results, FIGURES / "search_comparison.png")
+    with style.matplotlib_defaults():  # search.compare draws it; no matplotlibrc of ours
+        plot(results, FIGURES / "search_comparison.png")
+    style.strip_png_text(FIGURES / "search_comparison.png")  # matplotlib's version: not drawn
     atomic_write_text(REPORTS / "search_comparison.json", json.dumps(results, indent=2))
     caption = (
         "Each backend's best validation error (100 − top-1, %) so far against its "

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.common import SEARCHES
+from pipeline.report import tables
 from pipeline.report.notes import accuracy_notes, compression_notes, traffic_notes
-from pipeline.report.tables import REPORTS, seed_noise
+from pipeline.report.tables import REPORTS
 
 PAPER = Path("pipeline/paper_reference.json")
 PLANNER = Path("bench/results/planner.json")
@@ -24,6 +24,12 @@ GAP = f" {DASH} |"  # an empty cell of a table
 
 def fmt(x: Any, spec: str = ".2f", unit: str = "") -> str:
     return DASH if x is None else format(x, spec) + unit
+
+
+def span(values: list[float], spec: str, dash: str = "–") -> str:
+    """The lowest and highest of `values`, or the one value where they agree."""
+    lo, hi = (format(v, spec) for v in (min(values), max(values)))
+    return lo if lo == hi else f"{lo}{dash}{hi}"
 
 
 def figure(path: str, caption: str) -> list[str]:
@@ -49,13 +55,16 @@ def assemble(
     """reports/README.md, its sections in order: `paper` is pipeline/paper_reference.json,
     `pics` the figures of the Figures section, `search` the searches' folders, their
     curves and their figure (figures.search_comparison)."""
-    noise = seed_noise()
+    studies = tables.seed_studies(p)
+    study = matching_study(studies, acc, p)
     md = [
         *opening(p),
-        *accuracy_section(acc, missing, noise),
+        *verdict_section(p, acc, t1, paper, studies),
+        *naming(p),
+        *accuracy_section(acc, missing, study),
         *traffic_section(done, t1, missing, paper),
         *compression_section(t2, paper),
-        *seeds_section(p, noise),
+        *seeds_section(studies, study),
         *figures_section(pics),
         *search_section(p, *search),
     ]
@@ -74,6 +83,11 @@ def opening(p: dict[str, Any]) -> list[str]:
         f"({p['train']['data']['source']}); model: `{p['train']['model']['name']}`. "
         f"Do not edit: rerun the pipeline.",
         "",
+    ]
+
+
+def naming(p: dict[str, Any]) -> list[str]:
+    return [
         "Runs are named METHOD-NODESxRANKS[-BATCH]: `ddp` is PyTorch DDP, the baseline; `ab` "
         "is AB training with one group per node; `abng` (`ab_nogroups`) is the paper's "
         '"no groups" variant; `psgd` is DDP with PowerSGD gradient compression; `abps` '
@@ -86,9 +100,265 @@ def opening(p: dict[str, Any]) -> list[str]:
     ]
 
 
+# ---------------------------------------------------------------- verdict
+NAMES = {
+    "ddp": "DDP",
+    "ab": "AB",
+    "ab_nogroups": "AB without groups",
+    "powersgd": "PowerSGD",
+    "ab_powersgd": "AB + PowerSGD",
+}
+
+
+def method_of(run: str, acc: list[dict[str, Any]], p: dict[str, Any]) -> str | None:
+    for r in acc:
+        if r["run"] == run:
+            return r["method"]
+    return p["experiments"]["runs"].get(run, {}).get("method")
+
+
+def studies_of(
+    method: str, studies: list[dict[str, Any]], acc: list[dict[str, Any]], p: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The seed studies of `method` against ddp, with no override beyond the seed's, each
+    with its difference (tables.study_difference) as `diff`."""
+    out = []
+    for s in studies:
+        d = tables.study_difference(s)
+        if (
+            d
+            and not s["extra"]
+            and method_of(d["compared"], acc, p) == method
+            and method_of(d["baseline"], acc, p) == "ddp"
+        ):
+            out.append({**s, "diff": d})
+    return out
+
+
+def matching_study(
+    studies: list[dict[str, Any]], acc: list[dict[str, Any]], p: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The seed study of ab against ddp made with the values the report's runs train from
+    (tables.seed_studies: `matches`), if there is one: the report's noise claims are its."""
+    return next((s for s in studies_of("ab", studies, acc, p) if s["matches"]), None)
+
+
+def pm(d: dict[str, Any]) -> str:
+    """A study's difference as mean ± sd."""
+    return f"{d['mean']:+.2f} ± {d['sd']:.2f}"
+
+
+def mbit(x: float) -> str:
+    return f"{x / 1000:.3g} Gbit/s" if x >= 1000 else f"{x:.0f} Mbit/s"
+
+
+def lead_text(shape: dict[str, Any], method: str) -> str:
+    """Where on the link-rate axis the time model has `method` first to the target."""
+    lo, hi = shape["grid"]
+    parts = []
+    for x in (x for x in shape["leads"] if x["method"] == method):
+        if x["lo"] <= lo and x["hi"] >= hi:
+            parts.append(f"at every rate from {mbit(lo)} to {mbit(hi)}")
+        elif x["lo"] <= lo:
+            parts.append(f"below {mbit(x['hi'])}")
+        elif x["hi"] >= hi:
+            parts.append(f"above {mbit(x['lo'])}")
+        else:
+            parts.append(f"from {mbit(x['lo'])} to {mbit(x['hi'])}")
+    return " and ".join(parts) if parts else "never"
+
+
+def shape_name(s: dict[str, Any]) -> str:
+    return f"{s['nodes']} × {s['ranks_per_node']}"
+
+
+def verdict(
+    p: dict[str, Any],
+    acc: list[dict[str, Any]],
+    t1: list[dict[str, Any]],
+    paper: dict[str, Any],
+    studies: list[dict[str, Any]],
+    gb_per_s: bool = False,
+) -> list[str]:
+    """Whether AB training pays off here, every number from the files: AB's inter-node bytes
+    over DDP's (the matrix), its best top-1 against DDP's as mean ± sd over the seed study
+    made with the runs' own values (never one of another configuration), which method the
+    network benchmark has first to its target accuracy at each link rate, and what is not
+    tested. Shared by the report's first section and the README's opening (readme.headline),
+    which must reproduce: `gb_per_s` adds this machine's GB/s ratios (they move with time)."""
+    ab_t1 = [r for r in t1 if r["method"] == "ab" and r["ratio_to_ddp"] is not None]
+    if not ab_t1:
+        return []
+    own = [r["diff_best"] for r in acc if r["method"] == "ab" and r["diff_best"] is not None]
+    study = matching_study(studies, acc, p)
+    shapes = tables.first_to_target()
+    main = shapes[0] if shapes else None
+    ab_first = any(x["method"] == "ab" for s in shapes for x in s["leads"])
+    below = study["diff"]["mean"] < 0 if study else bool(own) and max(own) < 0
+    if ab_first:
+        head = "on this CPU-sized profile AB training pays off only on some links (below)."
+    elif shapes and below:
+        head = "on this CPU-sized profile AB training does not pay off."
+    elif below:
+        head = "on this CPU-sized profile AB training saves bytes at a cost in accuracy."
+    else:
+        head = "on this CPU-sized profile AB training saves bytes at no measured cost in accuracy."
+    text = [
+        f"**Verdict: {head}** It sends {span([r['ratio_to_ddp'] for r in ab_t1], '.3f')} of "
+        f"DDP's inter-node bytes ({len(ab_t1)} scale{'s' * (len(ab_t1) > 1)})"
+    ]
+    if study:
+        d = study["diff"]
+        text.append(
+            f", but its best top-1 is {abs(d['mean']):.2f} ± {d['sd']:.2f} points "
+            f"{'below' if d['mean'] < 0 else 'above'} DDP's (mean ± sd over {d['n']} seeds of "
+            f"{d['of']}: {', '.join(f'{v:+.2f}' for v in d['per_seed'].values())}; "
+            f"`reports/{study['folder']}/`, made with the same search values as the runs)."
+        )
+    elif own:
+        text.append(
+            f", at {span([-x for x in own], '.2f')} points of best top-1 below DDP's (one "
+            "seed per scale: no seed study here is made with the runs' own values)."
+        )
+    else:
+        text.append(".")
+    if shapes:
+
+        def firsts(s: dict[str, Any]) -> str:
+            named = [
+                f"{NAMES.get(x['method'], x['method'])} {lead_text(s, x['method'])}"
+                for x in s["leads"]
+            ]
+            return ", ".join([named[0].replace(" ", " is first ", 1), *named[1:]])
+
+        others = "".join(f"; {shape_name(s)}: {firsts(s)}" for s in shapes[1:])
+        text.append(
+            (
+                f" It is never first to the target accuracy at any emulated link rate from "
+                f"{mbit(main['grid'][0])} to {mbit(main['grid'][1])}"
+                if not ab_first
+                else " First to the target accuracy at each emulated link rate"
+            )
+            + f": {firsts(main)} ({main['nodes']} nodes × {main['ranks_per_node']} ranks"
+            f"{others})."
+        )
+    ratios = [
+        r[k + "_ab"] / r[k + "_baseline"]
+        for r in paper["table1"]["rows"]
+        for k in ("local", "global")
+        if r[k + "_baseline"]
+    ]
+    here = [r["rate_ratio_to_ddp"] for r in ab_t1 if r.get("rate_ratio_to_ddp")]
+    text.append(
+        " The paper's reduction of network traffic (\""
+        + paper["table2"]["measured_reduction_claim"]
+        + '") is measured in GB/s, traffic over wall time (its Table 1: AB/baseline '
+        f"{min(ratios):.2f}–{max(ratios):.2f}), not in bytes; "
+        + (
+            f"here AB's GB/s over DDP's is {span(here, '.3f')}, which moves with each run's "
+            "time on this machine."
+            if gb_per_s and here
+            else "the report sets this machine's GB/s ratio beside it."
+        )
+        + " The paper's accuracy at its scale (ImageNet on GPU clusters) is not tested here."
+    )
+    how = [
+        "Bytes: inter-node bytes per rank as the ledger counts them, over DDP's at the same "
+        "scale. Δ: best top-1 minus DDP's in percentage points; ± is the sample sd over the "
+        "seeds of a seed study made with the runs' own values, (1 seed) the matrix's run."
+    ]
+    if shapes:
+        checked = [m for s in shapes for m in s["measured"]]
+        agree = sum(m["fastest"] == m["model"] for m in checked)
+        how.append(
+            "First to the target: the emulated-cluster benchmark "
+            "(`bench/results/network-rates.json`; one seed"
+            + (f", {main['steps']} steps of its own schedule" if main["steps"] else "")
+            + f", target {main['target_top1']:.2f}% top-1 on {shape_name(main)}), measured at "
+            + " and ".join(
+                f"{len(s['measured'])} link rate{'s' * (len(s['measured']) > 1)} on {shape_name(s)}"
+                for s in shapes
+            )
+            + f"; between them the planner's time model, which names the measured fastest at "
+            f"{agree} of those {len(checked)}."
+        )
+    table, apart = verdict_table(p, acc, t1, studies, main)
+    return ["".join(text), "", *table, "", " ".join(how + apart)]
+
+
+def verdict_table(
+    p: dict[str, Any],
+    acc: list[dict[str, Any]],
+    t1: list[dict[str, Any]],
+    studies: list[dict[str, Any]],
+    shape: dict[str, Any] | None,
+) -> tuple[list[str], list[str]]:
+    """A row per method of the network benchmark that the matrix has (ab and ddp at least):
+    its bytes over DDP's, its Δ best top-1 (the mean ± sd of a seed study made with the
+    runs' own values where there is one, else the matrix's single seeds) and where it is
+    first to the target; and the note naming the seed studies made with other search values,
+    which the table never uses."""
+    here = {r["method"] for r in acc}
+    shown = (set(shape["methods"]) & here if shape else set()) | {"ab", "ddp"}
+    order = ["ab", "powersgd", "ab_powersgd", "ab_nogroups"]
+    md = [
+        "| method | inter-node bytes vs DDP | Δ best top-1 vs DDP (points) | first to the "
+        f"target{f' ({shape_name(shape)})' if shape else ''} |",
+        "|---|---|---|---|",
+    ]
+    apart = []
+    for m in [m for m in order if m in shown] + sorted(shown - {*order, "ddp"}) + ["ddp"]:
+        rows = [r for r in t1 if r["method"] == m and r["ratio_to_ddp"] is not None]
+        own = [r["diff_best"] for r in acc if r["method"] == m and r["diff_best"] is not None]
+        mine = studies_of(m, studies, acc, p)
+        match = next((s for s in mine if s["matches"]), None)
+        if m == "ddp":
+            diff = "0 (reference)"
+        elif match:
+            diff = f"{pm(match['diff'])} ({match['diff']['n']} seeds)"
+        elif own:
+            diff = f"{span(own, '+.2f', ' to ')} (1 seed" + (
+                f" each, {len(own)} scales)" if len(own) > 1 else ")"
+            )
+        else:
+            diff = DASH
+        if not match:
+            apart += [
+                f"{NAMES.get(m, m)} {pm(s['diff'])} over {s['diff']['n']} seeds "
+                f"(`reports/{s['folder']}/`)"
+                for s in mine
+                if s["searched"] and not s["same_values"]
+            ]
+        ratio = span([r["ratio_to_ddp"] for r in rows], ".3f") if rows else DASH
+        md.append(
+            f"| {NAMES.get(m, m)} (`{m}`) | {ratio} | {diff} | "
+            f"{lead_text(shape, m) if shape else DASH} |"
+        )
+    notes = (
+        [
+            "Seed studies made from an earlier search record (other values than the runs', "
+            f"so not used above): {'; '.join(apart)}."
+        ]
+        if apart
+        else []
+    )
+    return md, notes
+
+
+def verdict_section(
+    p: dict[str, Any],
+    acc: list[dict[str, Any]],
+    t1: list[dict[str, Any]],
+    paper: dict[str, Any],
+    studies: list[dict[str, Any]],
+) -> list[str]:
+    body = verdict(p, acc, t1, paper, studies, gb_per_s=True)
+    return ["## Verdict: does AB training pay off here?", "", *body, ""] if body else []
+
+
 # ---------------------------------------------------------------- accuracy
 def accuracy_section(
-    acc: list[dict[str, Any]], missing: list[str], noise: float | None
+    acc: list[dict[str, Any]], missing: list[str], study: dict[str, Any] | None
 ) -> list[str]:
     md = [
         "## Accuracy",
@@ -105,7 +375,28 @@ def accuracy_section(
             f"{fmt(r['diff_final'], '+.2f')} | {r['min_val_loss']:.3f} |"
         )
     md += [f"| {name} |" + GAP * 10 for name in missing]
-    return md + ["", *paragraphs(accuracy_notes(acc, noise))]
+    return md + ["", *paragraphs(accuracy_paragraphs(acc, study))]
+
+
+ONE_SEED = "Every run here is one seed."  # how notes.accuracy_notes' seed paragraph starts
+
+
+def accuracy_paragraphs(acc: list[dict[str, Any]], study: dict[str, Any] | None) -> list[str]:
+    """notes.accuracy_notes, its seed paragraph from the seed study made with the runs' own
+    values (matching_study): a study of another configuration says nothing of their noise."""
+    out = accuracy_notes(acc, None)
+    return [seed_note(study) if n.startswith(ONE_SEED) and study else n for n in out]
+
+
+def seed_note(study: dict[str, Any]) -> str:
+    d = study["diff"]
+    return (
+        f"{ONE_SEED} Across seeds with the same values (`reports/{study['folder']}/`, "
+        f"`python -m bench.seeds`: {d['baseline']} and {d['compared']} at seeds "
+        f"{', '.join(d['per_seed'])}), one method's best top-1 moves by up to "
+        f"{d['noise']:.2f} points and {d['of']} is {pm(d)} (mean ± sd): a Δ smaller than "
+        "that is within seed noise; its sign is what the seed study supports, not its size."
+    )
 
 
 # ---------------------------------------------------------------- traffic (Table 1)
@@ -344,56 +635,63 @@ def paper_table2(paper: dict[str, Any]) -> list[str]:
 
 
 # ---------------------------------------------------------------- seeds
-def seeds_section(p: dict[str, Any], noise: float | None) -> list[str]:
-    if noise is None:
+def seeds_section(studies: list[dict[str, Any]], study: dict[str, Any] | None) -> list[str]:
+    """The seed studies: the one made with the runs' own values sets the noise of the tables
+    above; the others are listed as the configurations they are."""
+    if not studies:
         return []
+    if study:
+        first = (
+            f"[`{study['folder']}/`]({study['folder']}/README.md) is made with the values the "
+            "runs above train from: there one method's best top-1 moves by up to "
+            f"{study['diff']['noise']:.2f} points between seeds, so a single-seed Δ top-1 in "
+            "the tables above smaller than that is noise; the inter-node bytes are the same "
+            "at every seed. The other studies are other configurations: their numbers are "
+            "their own, not the tables' noise."
+        )
+    else:
+        first = (
+            "None of the studies here is made with the values the runs above train from, so "
+            "none measures their seed noise."
+        )
     return [
         "",
         "## Seeds",
         "",
-        f"[`seeds/`](seeds/README.md) (`python -m bench.seeds`) reruns ddp and ab at "
-        f"several seeds: one method's best top-1 moves by up to {noise:.2f} points "
-        "between seeds, so a single-seed Δ top-1 in the tables above smaller than that is "
-        "noise; "
-        "the inter-node bytes are the same at every seed.",
-        *seed_pairs(p),
+        "Seed studies (`python -m bench.seeds`) rerun a pair of the matrix at several seeds. "
+        + first,
+        *seed_pairs(studies),
     ]
 
 
-SEED_STUDY_SETS = ("seed=S", "tracking.enabled=false")  # every study's (bench.seeds)
-
-
-def seed_pairs(p: dict[str, Any]) -> list[str]:
-    """One line per seed study (reports/seeds*/, `python -m bench.seeds`): its pair's
-    difference in best top-1 at each seed. A study trained from another search result than
-    the committed record is another configuration: named apart, not summarised."""
-    path = SEARCHES / p["search"]["backend"] / "best.json"
-    record = json.loads(path.read_text()) if p["search"]["use_best"] and path.exists() else None
+def seed_pairs(studies: list[dict[str, Any]]) -> list[str]:
+    """One line per seed study (tables.seed_studies): its pair's difference in best top-1 at
+    each seed, mean ± sd, and how far one method moves over the seeds. A study trained from
+    other search values than the committed record's is named apart, not summarised."""
     out, other = [], []
-    for path in sorted(REPORTS.glob("seeds*/seeds.json")):
-        data = json.loads(path.read_text())
-        if data.get("search_best_values") and (
-            record is None or data.get("search_best") != record["params"]
-        ):
-            other.append(f"[`{path.parent.name}/`]({path.parent.name}/README.md)")
+    for s in studies:
+        link = f"[`{s['folder']}/`]({s['folder']}/README.md)"
+        if s["searched"] and not s["same_values"]:
+            other.append(link)
             continue
-        d = data["summary"]["difference"]
-        per, sp = d["per_seed"], d["spread"]
-        if not sp:
+        d = tables.study_difference(s)
+        if not d:
             continue
-        trained = "with" if data.get("search_best_values") else "without"
-        extra = [x for x in data.get("overrides_extra", []) if x not in SEED_STUDY_SETS]
-        also = f" and {', '.join(f'`{x}`' for x in extra)}" if extra else ""
+        trained = "with" if s["searched"] else "without"
+        also = f" and {', '.join(f'`{x}`' for x in s['extra'])}" if s["extra"] else ""
         out.append(
-            f"- [`{path.parent.name}/`]({path.parent.name}/README.md), {trained} the search's "
-            f"values{also}: {d['of']} over seeds {', '.join(per)} is "
-            + ", ".join(f"{v:+.2f}" for v in per.values())
-            + f" points (mean {sp['mean']:+.2f})."
+            f"- {link}, {trained} the search's values{also}: {d['of']} over seeds "
+            f"{', '.join(d['per_seed'])} is "
+            + ", ".join(f"{v:+.2f}" for v in d["per_seed"].values())
+            + f" points (mean ± sd {pm(d)}); one method's best top-1 moves by up to "
+            f"{d['noise']:.2f} points"
+            + (" (the runs' configuration)." if s["matches"] else " (another configuration).")
         )
     if other:
         out.append(
-            f"- Trained from an earlier search result than the committed record (another "
-            f"configuration, so not comparable with the tables above): {', '.join(other)}."
+            f"- Trained from an earlier search result than the committed record (other values, "
+            f"another configuration, so not comparable with the tables above): "
+            f"{', '.join(other)}."
         )
     if not out:
         return []

@@ -8,22 +8,26 @@ from pathlib import Path
 from typing import Any
 
 from abtrain.files import atomic_write_text
-from pipeline.report.page import RERUNS, fmt
+from pipeline.report import tables
+from pipeline.report.page import PAPER, RERUNS, fmt, verdict
 from pipeline.report.tables import REPORTS
 
 HEADLINE = REPORTS / "headline.md"
 
 
-def span(values: list[float], spec: str) -> str:
-    lo, hi = (format(v, spec) for v in (min(values), max(values)))
-    return lo if lo == hi else f"{lo} to {hi}"
-
-
-def headline(p: dict[str, Any], acc: list[dict], t1: list[dict]) -> str:
+def headline(
+    p: dict[str, Any], acc: list[dict], t1: list[dict], paper: dict[str, Any] | None = None
+) -> str:
     """reports/headline.md: the README's opening, copied there between its markers (a test
-    keeps the two equal), so the README's figures are the report's."""
+    keeps the two equal), so the README's figures are the report's. The verdict first (the
+    report's own, page.verdict, without this machine's GB/s, so that it reproduces), then
+    every run of the matrix. `paper`: pipeline/paper_reference.json, read if not given."""
+    paper = paper if paper is not None else json.loads(PAPER.read_text())
     traffic = {r["run"]: r for r in t1}
+    top = verdict(p, acc, t1, paper, tables.seed_studies(p))
     lines = [
+        "Every run of the matrix, one seed each (the report, `reports/README.md`, has the rest):",
+        "",
         "| run | method | nodes × ranks | batch per rank | best top-1 | inter-node MB/step/rank "
         "| bytes vs ddp |",
         "|---|---|---|---|---|---|---|",
@@ -37,24 +41,6 @@ def headline(p: dict[str, Any], acc: list[dict], t1: list[dict]) -> str:
             f"{fmt(t['ratio_to_ddp'], '.3f')} |"
         )
     text = []
-    ab = [(a, traffic[a["run"]]) for a in acc if a["method"] == "ab" and a["diff_best"] is not None]
-    if ab:
-        text.append(
-            f"AB training sends {span([t['ratio_to_ddp'] for _, t in ab], '.3f')} of DDP's "
-            f"inter-node bytes at {span([-a['diff_best'] for a, _ in ab], '.2f')} points of "
-            f"best top-1 below DDP ({len(ab)} scales, one seed each). (The paper's Table 1 "
-            "ratio is of GB/s, bytes over wall time: the report gives it, and it moves with "
-            "each run's time, which this headline leaves out so that it reproduces.)"
-        )
-    others = {}
-    for a in acc:
-        if a["method"] not in ("ddp", "ab") and a["diff_best"] is not None:
-            others.setdefault(a["method"], []).append((a, traffic[a["run"]]))
-    for method, rows in others.items():
-        text.append(
-            f"`{method}`: {span([t['ratio_to_ddp'] for _, t in rows], '.3f')} of DDP's bytes, "
-            f"{span([a['diff_best'] for a, _ in rows], '+.2f')} points of best top-1."
-        )
     if RERUNS.exists():
         d = json.loads(RERUNS.read_text())
         gap, ratio = d["spread"]["top1 gap (points)"], d["spread"]["bytes ratio"]
@@ -70,7 +56,8 @@ def headline(p: dict[str, Any], acc: list[dict], t1: list[dict]) -> str:
             "clone's `dvc repro` gives these tables back exactly; "
             f"`dvc repro --force --downstream search@{p['search']['backend']}` reruns it."
         )
-    return "\n".join(lines) + "\n\n" + " ".join(text) + "\n"
+    out = [*top, "", *lines] if top else lines
+    return "\n".join(out) + "\n" + ("\n" + " ".join(text) + "\n" if text else "")
 
 
 MARKS = ("<!-- headline: begin -->\n", "<!-- headline: end -->")

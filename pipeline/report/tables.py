@@ -272,12 +272,141 @@ def search_folders() -> list[Path]:
     return [f for f in sorted(SEARCHES.glob("*")) if (f / "evaluations.jsonl").exists()]
 
 
-def seed_noise() -> float | None:
-    """The largest spread of one method's best top-1 across seeds (reports/seeds, from
-    `python -m bench.seeds`), if that study is here."""
-    path = REPORTS / "seeds" / "seeds.json"
-    if not path.exists():
+SEED_STUDY_SETS = ("seed=S", "tracking.enabled=false")  # every study's (bench.seeds)
+
+
+def search_record(p: dict[str, Any]) -> dict[str, Any] | None:
+    """The committed search record the matrix trains from (results/search/BACKEND/best.json),
+    or None where the runs take no search values or there is no record."""
+    path = SEARCHES / p["search"]["backend"] / "best.json"
+    return json.loads(path.read_text()) if p["search"]["use_best"] and path.exists() else None
+
+
+def seed_studies(p: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every seed study here (reports/seeds*/seeds.json, `python -m bench.seeds`), each with
+    `folder`, `data` (its seeds.json), `extra` (overrides beyond the seed's), `searched`
+    (trained with search values), `same_values` (with the values the matrix trains: the
+    committed record's, compared value by value, or none where the matrix takes none) and
+    `matches` (same values and no extra override: the configuration of the report's runs).
+    A study that names no values (`search_best`) can't be checked, so it does not match."""
+    record = search_record(p)
+    out = []
+    for path in sorted(REPORTS.glob("seeds*/seeds.json")):
+        data = json.loads(path.read_text())
+        extra = [x for x in data.get("overrides_extra", []) if x not in SEED_STUDY_SETS]
+        searched = bool(data.get("search_best_values"))
+        same = (
+            record is not None and data.get("search_best") == record["params"]
+            if searched
+            else record is None
+        )
+        out.append(
+            dict(
+                folder=path.parent.name,
+                data=data,
+                extra=extra,
+                searched=searched,
+                same_values=same,
+                matches=same and not extra,
+            )
+        )
+    return out
+
+
+def study_difference(study: dict[str, Any]) -> dict[str, Any] | None:
+    """A study's paired difference in best top-1 (compared − baseline, percentage points):
+    `of`, `baseline`, `compared`, `per_seed` {seed: Δ}, `mean`, `sd` (sample standard
+    deviation), `n`, and `noise`: the largest range of one method's best top-1 over the
+    seeds. None where the study has fewer than two seeds of the pair."""
+    data = study["data"]
+    summary = data.get("summary", {})
+    d = summary.get("difference") or {}
+    sp = d.get("spread")
+    if not sp or sp.get("std") is None:
         return None
-    methods = json.loads(path.read_text()).get("summary", {}).get("methods", {})
-    spreads = [m["best_top1"]["range"] for m in methods.values() if "best_top1" in m]
-    return max(spreads) if spreads else None
+    ranges = [m["best_top1"]["range"] for m in summary.get("methods", {}).values()]
+    return dict(
+        of=d["of"],
+        baseline=data["baseline"],
+        compared=data["compared"],
+        per_seed=d["per_seed"],
+        mean=sp["mean"],
+        sd=sp["std"],
+        n=sp["n"],
+        noise=max(ranges) if ranges else None,
+    )
+
+
+# ---------------------------------------------------------------- time to accuracy
+NETWORK_RATES = Path("bench/results/network-rates.json")
+
+
+def first_to_target(path: Path | None = None) -> list[dict[str, Any]]:
+    """Which method reaches the target accuracy first, over link rates, per shape of the
+    emulated-cluster benchmark (`python -m bench.rates`; [] where it has not run).
+
+    Each shape: `nodes`, `ranks_per_node`, `target_top1`, `steps` (the benchmark's run
+    length, from its per-rate files' overrides, or None), `grid` (the lowest and highest
+    rate of its time model, Mbit/s), `leads` (one {method, lo, hi} per span of rates where
+    the model has that method first, its ends at the crossovers between the two leaders),
+    `unshaped` (first on the unshaped link) and `measured` (per measured rate: the measured
+    fastest and the model's)."""
+    path = path or NETWORK_RATES
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    steps = None
+    for other in sorted(path.parent.glob("network-*.json")):
+        if other == path:
+            continue
+        sets = json.loads(other.read_text()).get("overrides", [])
+        found = [int(x.split("=", 1)[1]) for x in sets if x.startswith("steps=")]
+        if found:
+            steps = found[0]
+            break
+    out = []
+    for s in data["shapes"]:
+        curves = s["model_curves"]
+        if not curves:
+            continue
+        methods = sorted(curves)
+        shaped = {m: [(x, t) for x, t in curves[m] if x is not None] for m in methods}
+        grid = [x for x, _ in shaped[methods[0]]]
+        leads: list[dict[str, Any]] = []
+        for i, x in enumerate(grid):
+            m = min(methods, key=lambda m: shaped[m][i][1])
+            if leads and leads[-1]["method"] == m:
+                leads[-1]["hi"] = x
+                continue
+            if leads:  # the two leaders cross between this point and the last
+                a, lo = leads[-1]["method"], grid[i - 1]
+                at = next(
+                    (
+                        c["mbit_per_s"]
+                        for c in s["crossovers"]
+                        if set(c["methods"]) == {a, m} and lo <= c["mbit_per_s"] <= x
+                    ),
+                    (lo * x) ** 0.5,
+                )
+                leads[-1]["hi"] = at
+                leads.append(dict(method=m, lo=at, hi=x))
+            else:
+                leads.append(dict(method=m, lo=x, hi=x))
+        free = {m: next(t for x, t in curves[m] if x is None) for m in methods}
+        out.append(
+            dict(
+                nodes=s["nodes"],
+                ranks_per_node=s["ranks_per_node"],
+                target_top1=s["target_top1"],
+                steps=steps,
+                methods=methods,
+                grid=(grid[0], grid[-1]),
+                leads=leads,
+                unshaped=min(free, key=free.get),
+                measured=[
+                    dict(rate=r["rate"], fastest=r["fastest"], model=r["predicted_fastest"])
+                    for r in s["rates"]
+                ],
+            )
+        )
+    return out

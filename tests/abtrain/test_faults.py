@@ -55,7 +55,7 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_signal_to_the_launchers_group_stops_every_rank_and_a_second_launch_is_refused(
     tmp_path, sig
 ):
@@ -67,9 +67,14 @@ def test_a_signal_to_the_launchers_group_stops_every_rank_and_a_second_launch_is
         assert f"{tmp_path} is in use by another run" in second.stderr
         assert first.poll() is None  # the refused launch left the running one alone
 
-        os.killpg(first.pid, sig)  # what a CI timeout or `scancel` does
-        first.wait(timeout=60)
+        os.killpg(first.pid, sig)  # what a CI timeout, `scancel` or Ctrl-C does
+        _, err = first.communicate(timeout=60)
         assert first.returncode == 128 + sig
+        # one line says what stopped and where the run resumes; no traceback per node
+        said = err.decode()
+        assert "Traceback" not in said and "SignalException" not in said, said[-3000:]
+        step = int((tmp_path / "checkpoints" / "LATEST").read_text())
+        assert f"resumes from its checkpoint of step {step} in {tmp_path}" in said, said[-3000:]
         deadline = time.monotonic() + 30
         while processes_of(tmp_path):  # no rank trains on, orphaned
             assert time.monotonic() < deadline, f"{processes_of(tmp_path)} alive 30 s after it"

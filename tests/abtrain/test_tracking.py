@@ -8,9 +8,7 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -18,7 +16,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import launch, summary
+from tests.conftest import launch, mlflow_server, summary
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -313,27 +311,7 @@ def test_mlflow_ui_lists_the_runs_and_compares_ddp_with_ab_in_headless_chromium(
     d, uri, _, runs, _ = tracked
     exp = runs["ab"].info.experiment_id
     port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "ui",
-            "--backend-store-uri",
-            uri,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    server = mlflow_server(uri, port)
 
     def chrome(page: str, *args: str, height: int = 900) -> str:
         flags = [
@@ -357,14 +335,6 @@ def test_mlflow_ui_lists_the_runs_and_compares_ddp_with_ab_in_headless_chromium(
 
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, f"mlflow ui: no {url}/health in 90 s"
-                time.sleep(1)
         # MLflow 3.17 picks an experiment's landing page from the workflow type (this URL
         # parameter, else the browser's last choice, else GenAI), not from the experiment's
         # tag: the README's link carries it

@@ -160,3 +160,72 @@ def test_ab_phase_counts_used_by_the_check_come_from_the_schedule():
     pl = planner.plan(cfg, 2, 2, 10)
     expected = sum(ab["step_seconds"][k] for k in kinds) / len(kinds)
     assert planner.measured_mean(pl, ab["step_seconds"]) == pytest.approx(expected)
+
+
+def colours_in(png) -> set[str]:
+    from PIL import Image
+
+    image = Image.open(png).convert("RGB")
+    pixels = image.getcolors(image.width * image.height)
+    return {"#" + "".join(f"{v:02x}" for v in c) for _, c in pixels}
+
+
+def test_the_benchmark_figures_draw_each_method_in_its_colour_of_the_palette(tmp_path, monkeypatch):
+    """network-rates.png and network.png from the committed results: every method in its
+    colour of pipeline.style (the report's), none of matplotlib's own cycle (its orange
+    was ab_powersgd here and ab_nogroups in the report), one legend outside the panels,
+    and the same bytes each time they are drawn, with no matplotlib version in them."""
+    from pipeline import style
+
+    summary = json.loads((RESULTS / "network-rates.json").read_text())
+    methods = {m for shape in summary["shapes"] for m in shape["model_curves"]}
+    assert methods >= {"ddp", "ab", "powersgd", "ab_powersgd"}
+    for name in ("a.png", "b.png"):
+        rates.plot(summary, tmp_path / name)
+    png = (tmp_path / "a.png").read_bytes()
+    assert png == (tmp_path / "b.png").read_bytes()
+    assert b"tEXt" not in png and b"Matplotlib" not in png
+    seen = colours_in(tmp_path / "a.png")
+    assert {style.COLOURS[m] for m in methods} <= seen
+    assert not {"#ff7f0e", "#1f77b4", "#2ca02c", "#d62728"} & seen  # matplotlib's C0-C3
+
+    results = tmp_path / "results"
+    results.mkdir()
+    for f in RESULTS.glob("network-*.json"):
+        if f.stem != "network-rates":
+            shutil.copy(f, results)
+    monkeypatch.setattr(network, "RESULTS", results)
+    network.plot()
+    first = (results / "network.png").read_bytes()
+    network.plot()
+    assert (results / "network.png").read_bytes() == first and b"tEXt" not in first
+    ran = {r["method"] for d in rates.load(results) for r in d["results"]}
+    seen = colours_in(results / "network.png")
+    assert {style.COLOURS[m] for m in ran} <= seen
+    assert not {"#ff7f0e", "#1f77b4", "#2ca02c", "#d62728"} & seen
+
+
+def test_the_figures_legends_and_crossover_lists_stay_outside_the_panels(tmp_path, monkeypatch):
+    """No legend or list of crossovers inside a panel of network-rates.png, where it could
+    cover a point; the legend beside the panels."""
+    import matplotlib.pyplot as plt
+
+    summary = json.loads((RESULTS / "network-rates.json").read_text())
+    drawn = []
+    monkeypatch.setattr("pipeline.style.save", lambda fig, path, dpi: drawn.append(fig))
+    rates.plot(summary, tmp_path / "x.png")
+    (fig,) = drawn
+    fig.canvas.draw()
+    render = fig.canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == len(summary["shapes"])
+    for ax in panels:
+        assert ax.get_legend() is None
+        box = ax.get_window_extent(render)
+        for text in ax.texts:
+            if text.get_text().startswith("crossovers"):
+                assert text.get_window_extent(render).y1 < box.y0  # under the axis
+    (legend,) = fig.legends
+    right = max(ax.get_window_extent(render).x1 for ax in panels)
+    assert legend.get_window_extent(render).x0 >= right
+    plt.close(fig)

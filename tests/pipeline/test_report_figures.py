@@ -2,18 +2,22 @@
 they exist. The figures' content is checked in the rendered SVG and in the spec that
 `dvc plots show` itself writes."""
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import yaml
 
-from abtrain.config import AB_METHODS
+from abtrain.config import AB_METHODS, Method
+from pipeline import style
 from tests.conftest import ROOT
 
 # every test reads what the report stage (`python -m pipeline.report`) wrote; one runs dvc
@@ -158,6 +162,12 @@ def test_the_rendered_curves_show_every_run(reported):
         "inter-node MB sent per rank so far"
         in (repo / "reports" / "figures" / "val_top1_vs_inter_node_mb.svg").read_text()
     )
+    # each method in its colour of pipeline.style, as in the matplotlib figures
+    methods = {r["method"] for r in rows}
+    for chart in CHARTS:
+        svg = (repo / "reports" / "figures" / f"{chart}.svg").read_text()
+        for m in methods:
+            assert f'stroke="{style.COLOURS[m]}"' in svg, (chart, m)
 
 
 def test_dvc_plots_show_draws_the_same_spec_with_every_run(reported):
@@ -190,3 +200,100 @@ def test_dvc_plots_show_draws_the_same_spec_with_every_run(reported):
             assert spec == ours
     finally:
         os.chdir(ROOT)
+
+
+def test_every_method_has_one_colour_and_one_marker_in_every_figure():
+    """One palette (pipeline.style) for the report, the DVC plots and the benchmarks: every
+    method a colour and a marker of its own, and the template's scales are the palette's."""
+    assert set(style.METHODS) == set(get_args(Method))
+    assert len(set(style.COLOURS.values())) == len(style.METHODS)
+    assert len(set(style.MARKERS.values())) == len(style.METHODS)
+    template = json.loads((ROOT / "pipeline" / "curves_template.json").read_text())
+    scales = style.vega_scales()
+    assert template["spec"]["encoding"]["color"]["scale"] == scales["color"]
+    (line,) = [x for x in template["spec"]["layer"] if x.get("mark", {}).get("type") == "line"]
+    assert line["encoding"]["shape"]["field"] == "method"
+    assert line["encoding"]["shape"]["scale"] == scales["shape"]
+    # a later method is drawn over an earlier one; ab_powersgd over powersgd's larger marker
+    assert style.rank("ab_powersgd") > style.rank("powersgd")
+    assert style.size("ab_powersgd") < style.size("powersgd")
+    assert style.marker("ab_powersgd")["zorder"] > style.marker("powersgd")["zorder"]
+    spread = style.offsets(["powersgd", "ab_powersgd", "ddp"], 0.05)
+    assert sorted(spread.values()) == pytest.approx([-0.05, 0.0, 0.05])
+
+
+def png_text_chunks(path: Path) -> list[bytes]:
+    data, i, found = path.read_bytes(), 8, []
+    while i < len(data):
+        (n,) = struct.unpack(">I", data[i : i + 4])
+        if data[i + 4 : i + 8] in (b"tEXt", b"zTXt", b"iTXt", b"tIME"):
+            found.append(data[i + 8 : i + 8 + n])
+        i += 12 + n
+    return found
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file under `folder`; reports/README.md without its line `Generated
+    ... on <time>`."""
+    out = {}
+    for f in sorted(folder.rglob("*")):
+        if f.is_file():
+            data = f.read_bytes()
+            if f.name == "README.md" and f.parent == folder:
+                data = b"\n".join(x for x in data.split(b"\n") if not x.startswith(b"Generated "))
+            out[str(f.relative_to(folder))] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def test_the_report_and_pipeline_plots_write_the_same_bytes_every_time(reported):
+    """`python -m pipeline.plots` after the report, and the report again, leave every file
+    under reports/ as it was, byte for byte (but the time in the README's first line): no
+    date, version or random id in a figure, and the two writers of the curves agree."""
+    repo, _, env = reported
+    before = digests(repo / "reports")
+    assert any(k.endswith(".png") for k in before) and any(k.endswith(".svg") for k in before)
+    for module in ("pipeline.plots", "pipeline.report"):
+        proc = subprocess.run(
+            [sys.executable, "-m", module], cwd=repo, env=env, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert digests(repo / "reports") == before, module
+    for png in (repo / "reports" / "figures").glob("*.png"):
+        assert png_text_chunks(png) == [], png.name  # no "Software: Matplotlib version..."
+    assert not list((repo / "reports").rglob("*.tmp*"))  # no temporary file left among them
+
+
+def test_figures_saved_through_the_style_are_the_same_bytes_each_time(tmp_path):
+    """PNG without matplotlib's version, SVG without its date and with fixed ids: the same
+    figure drawn twice is the same file, and a matplotlibrc does not change it."""
+    import matplotlib
+
+    def draw(name: str) -> None:
+        with style.matplotlib_defaults() as plt:
+            fig, ax = plt.subplots(figsize=(3, 2))
+            ax.plot([1, 2, 3], [3, 1, 2], **style.marker("ab_powersgd"))
+            ax.legend(handles=style.handles(["ab_powersgd", "ddp"]))
+            if name == "plain.png":
+                fig.savefig(tmp_path / name)  # what plain savefig writes
+                plt.close(fig)
+            else:
+                style.save(fig, tmp_path / name, dpi=80)
+
+    for name in ("a.png", "b.png", "a.svg", "b.svg", "plain.png"):
+        draw(name)
+    with matplotlib.rc_context({"lines.linewidth": 9, "axes.facecolor": "black"}):
+        draw("rc.png")  # a matplotlibrc's settings stay outside the figures
+    png = (tmp_path / "a.png").read_bytes()
+    assert png == (tmp_path / "b.png").read_bytes() == (tmp_path / "rc.png").read_bytes()
+    assert png_text_chunks(tmp_path / "a.png") == []
+    svg = (tmp_path / "a.svg").read_text()
+    assert svg == (tmp_path / "b.svg").read_text()
+    assert "<dc:date>" not in svg and "Matplotlib v" not in svg
+    # a PNG written elsewhere (search.compare's) loses its text chunks, not its picture
+    assert png_text_chunks(tmp_path / "plain.png")
+    style.strip_png_text(tmp_path / "plain.png")
+    assert png_text_chunks(tmp_path / "plain.png") == []
+    from PIL import Image
+
+    assert Image.open(tmp_path / "plain.png").size == (300, 200)

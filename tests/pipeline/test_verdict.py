@@ -1,0 +1,207 @@
+"""The verdict at the top of the report and of the README: its accuracy difference is the
+mean ± sd of the seed study made with the runs' own search values, never of a study made
+with other values; which method is first to the target comes from the network benchmark."""
+
+import json
+import os
+
+import pytest
+
+from pipeline.common import params
+from pipeline.report import page, tables
+from tests.conftest import ROOT
+
+RECORD = {"optim.lr": 0.0012, "ab.sigma_cutoff": 0.39}
+P = {
+    "search": {"backend": "propulate", "use_best": ["optim.lr", "ab.sigma_cutoff"]},
+    "experiments": {
+        "runs": {
+            "ddp-2x2": {"method": "ddp"},
+            "ab-2x2": {"method": "ab"},
+            "psgd-2x2": {"method": "powersgd"},
+        }
+    },
+}
+PAPER = {
+    "table1": {
+        "rows": [
+            dict(local_baseline=4.0, local_ab=2.0, global_baseline=None, global_ab=None),
+            dict(local_baseline=2.0, local_ab=1.2, global_baseline=4.0, global_ab=1.6),
+        ]
+    },
+    "table2": {"measured_reduction_claim": "about 50% for all use-cases"},
+}
+
+
+def study(folder, compared, per_seed, values, extra=()):
+    """reports/FOLDER/seeds.json as bench.seeds writes it; `values`: the search values it
+    trained with (None: without the search's values)."""
+    n = len(per_seed)
+    mean = sum(per_seed) / n
+    sd = (sum((x - mean) ** 2 for x in per_seed) / (n - 1)) ** 0.5
+    best = dict(n=n, mean=30.0, min=29.0, max=31.0, range=2.0, std=1.0)
+    data = dict(
+        command=f"python -m bench.seeds --out reports/{folder}",
+        baseline="ddp-2x2",
+        compared=compared,
+        seeds=list(range(n)),
+        search_best_values=values is not None,
+        **({"search_best": values} if values else {}),
+        overrides_extra=["seed=S", "tracking.enabled=false", *extra],
+        summary=dict(
+            methods={"ddp-2x2": {"best_top1": best}, compared: {"best_top1": best}},
+            difference=dict(
+                of=f"{compared} - ddp-2x2",
+                per_seed={str(i): x for i, x in enumerate(per_seed)},
+                spread=dict(n=n, mean=mean, min=min(per_seed), max=max(per_seed), std=sd),
+            ),
+        ),
+    )
+    path = tables.REPORTS / folder / "seeds.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def network(leads_ab=False):
+    """bench/results/network-rates.json: the model has powersgd first below 100 Mbit/s and
+    ddp above, or (leads_ab) ab first between 100 and 1000 Mbit/s."""
+    grid = [10.0 * 10 ** (i / 10) for i in range(31)]  # 10 Mbit/s to 10 Gbit/s
+
+    def curve(f):
+        return [[x, f(x)] for x in grid] + [[None, f(1e9)]]
+
+    curves = {
+        "ddp": curve(lambda x: 10 + 1000 / x),
+        "powersgd": curve(lambda x: 19 + 100 / x),
+        "ab": curve((lambda x: 15 + 400 / x) if leads_ab else (lambda x: 30 + 500 / x)),
+    }
+    cross = [
+        dict(methods=["ddp", "powersgd"], mbit_per_s=100.0, faster_below="powersgd"),
+        dict(methods=["ab", "powersgd"], mbit_per_s=75.0, faster_below="powersgd"),
+        dict(methods=["ab", "ddp"], mbit_per_s=120.0, faster_below="ab"),
+    ]
+    rates = [
+        dict(rate="50mbit", fastest="powersgd", predicted_fastest="powersgd"),
+        dict(rate="unshaped", fastest="ddp", predicted_fastest="ddp"),
+    ]
+    shape = dict(nodes=2, ranks_per_node=2, target_top1=29.9, rates=rates, crossovers=cross)
+    path = tables.NETWORK_RATES
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(shapes=[{**shape, "model_curves": curves}])))
+    (path.parent / "network-50mbit.json").write_text(json.dumps(dict(overrides=["steps=160"])))
+
+
+ACC = [
+    dict(run="ddp-2x2", method="ddp", diff_best=None),
+    dict(run="ab-2x2", method="ab", diff_best=-3.2),
+    dict(run="psgd-2x2", method="powersgd", diff_best=-1.55),
+]
+T1 = [
+    dict(run="ddp-2x2", method="ddp", ratio_to_ddp=1.0, rate_ratio_to_ddp=1.0),
+    dict(run="ab-2x2", method="ab", ratio_to_ddp=0.398, rate_ratio_to_ddp=0.345),
+    dict(run="psgd-2x2", method="powersgd", ratio_to_ddp=0.098, rate_ratio_to_ddp=0.075),
+]
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """A working copy with the search record and three ab studies: one made with the
+    record's values (mean -2.00, sd 1.00), one with other values (sorted first), one
+    without search values; and a powersgd study with other values."""
+    monkeypatch.chdir(tmp_path)
+    record = tables.SEARCHES / "propulate" / "best.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"params": RECORD}))
+    study("seeds-a-earlier", "ab-2x2", [-0.4, -0.5, -0.6], {**RECORD, "optim.lr": 0.001})
+    study("seeds-best-ab", "ab-2x2", [-1.0, -2.0, -3.0], RECORD)
+    study("seeds", "ab-2x2", [-0.7, -0.8, -0.9], None)
+    study("seeds-best-psgd", "psgd-2x2", [-0.2, -0.3, -0.4], {"optim.lr": 0.001})
+    study("seeds-best-ab-variant", "ab-2x2", [-5.0, -6.0, -7.0], RECORD, ["ab.ab_steps=9"])
+    network()
+    return tmp_path
+
+
+def test_the_verdict_takes_the_study_made_with_the_runs_values(here):
+    studies = tables.seed_studies(P)
+    matches = {s["folder"]: s["matches"] for s in studies}
+    assert matches == {
+        "seeds": False,  # no search values where the runs take them
+        "seeds-a-earlier": False,  # other values
+        "seeds-best-ab": True,
+        "seeds-best-ab-variant": False,  # the same values, and another override
+        "seeds-best-psgd": False,
+    }
+    md = page.verdict(P, ACC, T1, PAPER, studies)
+    text = md[0]
+    assert "does not pay off" in text
+    assert "2.00 ± 1.00 points below DDP's" in text
+    assert "-1.00, -2.00, -3.00" in text and "`reports/seeds-best-ab/`" in text
+    assert "0.398 of DDP's inter-node bytes" in text
+    whole = "\n".join(md)
+    for other in ("-0.50", "0.80", "-6.00", "seeds-a-earlier", "seeds-best-ab-variant"):
+        assert other not in whole, other
+    ab = next(line for line in md if line.startswith("| AB (`ab`)"))
+    assert "| -2.00 ± 1.00 (3 seeds) |" in ab and ab.endswith("| never |")
+    # powersgd's only study is of other values: the table keeps the run's one seed and the
+    # study is named apart as an earlier record's
+    psgd = next(line for line in md if line.startswith("| PowerSGD"))
+    assert "| -1.55 (1 seed) |" in psgd and psgd.endswith("| below 100 Mbit/s |")
+    assert "earlier search record (other values" in whole and "-0.30 ± 0.10" in whole
+    # the page's noise claims are the matching study's too, not reports/seeds/'s
+    study = page.matching_study(studies, ACC, P)
+    notes = page.accuracy_paragraphs([{**r, "best_top1": 1, "final_top1": 1} for r in ACC], study)
+    seed = next(n for n in notes if n.startswith(page.ONE_SEED))
+    assert "`reports/seeds-best-ab/`" in seed and "-2.00 ± 1.00" in seed
+    assert "`reports/seeds/`" not in seed
+    section = "\n".join(page.seeds_section(studies, study))
+    assert "[`seeds-best-ab/`](seeds-best-ab/README.md) is made with the values" in section
+
+
+def test_without_a_matching_study_the_verdict_says_so(here):
+    os.remove(tables.REPORTS / "seeds-best-ab" / "seeds.json")
+    studies = tables.seed_studies(P)
+    md = page.verdict(P, ACC, T1, PAPER, studies)
+    assert page.matching_study(studies, ACC, P) is None
+    assert "3.20 points of best top-1 below DDP's (one seed per scale" in md[0]
+    assert "±" not in md[0]  # no study's mean ± sd stands in for the runs'
+    ab = next(line for line in md if line.startswith("| AB (`ab`)"))
+    assert "| -3.20 (1 seed) |" in ab
+
+
+def test_first_to_target_follows_the_model_across_link_rates(here):
+    (shape,) = tables.first_to_target()
+    assert [(x["method"], x["lo"], x["hi"]) for x in shape["leads"]] == [
+        ("powersgd", 10.0, 100.0),
+        ("ddp", 100.0, 10000.0),
+    ]
+    assert shape["unshaped"] == "ddp" and shape["steps"] == 160
+    text = page.verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
+    assert "never first to the target accuracy at any emulated link rate" in text
+    assert "PowerSGD is first below 100 Mbit/s, DDP above 100 Mbit/s" in text
+    # the paper's ratio is of GB/s: the README's verdict names it, without this machine's
+    assert "measured in GB/s" in text and "0.40–0.60" in text and "0.345" not in text
+    network(leads_ab=True)
+    (shape,) = tables.first_to_target()
+    assert [x["method"] for x in shape["leads"]] == ["powersgd", "ab", "ddp"]
+    assert page.lead_text(shape, "ab").startswith("from ")
+    text = page.verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
+    assert "does not pay off" not in text and "pays off only on some links" in text
+
+
+def test_the_committed_verdict_is_the_matching_seed_studys(monkeypatch):
+    """On the committed files: ab-2x2 − ddp-2x2 from reports/seeds-best-ab (made with the
+    committed record's values), and no study that names no values, or others, matches."""
+    monkeypatch.chdir(ROOT)
+    p = params()
+    done = tables.load_runs(p)
+    acc, t1 = tables.accuracy(done), tables.table1(done)
+    studies = tables.seed_studies(p)
+    study = page.matching_study(studies, acc, p)
+    assert study["folder"] == "seeds-best-ab"
+    record = tables.search_record(p)["params"]
+    for s in studies:
+        assert s["matches"] == (s["data"].get("search_best") == record and not s["extra"])
+    d = study["diff"]
+    text = page.verdict(p, acc, t1, json.loads(page.PAPER.read_text()), studies)[0]
+    assert f"{-d['mean']:.2f} ± {d['sd']:.2f} points below DDP's" in text
+    assert "`reports/seeds/`" not in text
