@@ -6,7 +6,10 @@ stamp=.venv/.lock-sha256
 want=$(sha256sum requirements.lock | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   python3 -m venv .venv
-  .venv/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
+  # This machine's pip configuration names local package folders that lack some packages;
+  # pip warns once per package and folder (hundreds of lines), which says nothing here.
+  .venv/bin/pip install --quiet --disable-pip-version-check -r requirements.lock \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
   .venv/bin/pip check
   echo "$want" > "$stamp"
 fi
