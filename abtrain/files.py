@@ -19,21 +19,27 @@ def write_failed(err: OSError, path: Path) -> OSError:
     return OSError(err.errno, f"could not write {path}: {why}")
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write via a temporary file, fsync and rename: a reader never sees half a file, and
-    a write that fails leaves no temporary file behind."""
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write via a temporary file of this process, fsync and rename: a reader never sees
+    half a file, two writers never share a temporary, and a write that fails leaves no
+    temporary file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
     except OSError as err:
         tmp.unlink(missing_ok=True)
         raise write_failed(err, path) from None
     os.replace(tmp, path)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """`atomic_write_bytes` of `text` in UTF-8."""
+    atomic_write_bytes(path, text.encode())
 
 
 def append_lines(path: Path, lines: list[str], header: str | None = None) -> None:

@@ -12,11 +12,12 @@ smaller marker of ab_powersgd sits on powersgd's larger triangle instead of unde
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from abtrain.files import atomic_write_bytes
 
 METHODS = ("ddp", "ab", "ab_nogroups", "ab_individual", "powersgd", "ab_powersgd")
 # Vega-Lite's default scheme (tableau10), as the report's figures had it; ab_individual
@@ -167,21 +168,11 @@ def save(fig: Any, path: str | Path, dpi: float) -> Path:
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:
-    """Replace the file only where its bytes change, through a temporary file of this
-    process beside it (two writers at once never share one, and a failed write leaves
-    none among a stage's outputs), synced before the rename."""
+    """Replace the file only where its bytes change (atomically, see abtrain.files)."""
     path = Path(path)
     if path.exists() and path.read_bytes() == data:
         return
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(path, data)
 
 
 def strip_png_text(path: str | Path) -> None:

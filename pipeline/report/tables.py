@@ -90,12 +90,7 @@ def accuracy(done: dict[str, dict]) -> list[dict[str, Any]]:
         best, final = s["val_top1"]["best"], s["val_top1"]["final"]
         rows.append(
             dict(
-                run=name,
-                method=s["method"],
-                nodes=s["run"]["nodes"],
-                ranks_per_node=s["run"]["ranks_per_node"],
-                batch=s["run"]["batch"],
-                global_batch=s["run"]["global_batch"],
+                **_where(name, s),
                 steps=s["steps"],
                 best_top1=best,
                 final_top1=final,
@@ -107,6 +102,19 @@ def accuracy(done: dict[str, dict]) -> list[dict[str, Any]]:
     return rows
 
 
+def _where(name: str, s: dict[str, Any]) -> dict[str, Any]:
+    """A run's place in the matrix, the first columns of every table."""
+    r = s["run"]
+    return dict(
+        run=name,
+        method=s["method"],
+        nodes=r["nodes"],
+        ranks_per_node=r["ranks_per_node"],
+        batch=r["batch"],
+        global_batch=r["global_batch"],
+    )
+
+
 def table1(done: dict[str, dict]) -> list[dict[str, Any]]:
     rows = []
     for name, s in done.items():
@@ -114,12 +122,7 @@ def table1(done: dict[str, dict]) -> list[dict[str, Any]]:
         base = baseline(done, s)
         rows.append(
             dict(
-                run=name,
-                method=s["method"],
-                nodes=s["run"]["nodes"],
-                ranks_per_node=s["run"]["ranks_per_node"],
-                batch=s["run"]["batch"],
-                global_batch=s["run"]["global_batch"],
+                **_where(name, s),
                 inter_bytes_per_step=t["inter_node_bytes"] / steps,
                 inter_gb_per_s=t["inter_node_bytes"] / secs / 1e9,
                 total_bytes_per_step=t["total_bytes"] / steps,
