@@ -142,13 +142,20 @@ def _train(cfg, out: str, launch) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     if launch.rank == 0:
-        t = summary["traffic"]
-        print(
-            f"[abtrain] done: val top1 {summary['val_top1']['final']:.2f}%, "
-            f"inter-node {t['inter_node_bytes'] / 1e6:.2f} MB/rank, "
-            f"summary in {os.path.join(out, 'summary.json')}"
-        )
+        print(f"[abtrain] {done_line(summary, out)}", flush=True)
     return 0
+
+
+def done_line(summary: dict, out: str) -> str:
+    """A finished run in one line: its best val top-1 and where (the first evaluation that
+    reached it), the final one, and the inter-node bytes each rank sent."""
+    top1, t = summary["val_top1"], summary["traffic"]
+    at = next(e["step"] for e in summary["evals"] if e["val_top1"] == top1["best"])
+    return (
+        f"done: best val top1 {top1['best']:.2f}% (step {at}), final {top1['final']:.2f}%, "
+        f"inter-node {t['inter_node_bytes'] / 1e6:.2f} MB/rank, "
+        f"summary in {os.path.join(out, 'summary.json')}"
+    )
 
 
 def _prepare(cfg) -> int:

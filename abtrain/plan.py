@@ -11,6 +11,7 @@ import re
 import sys
 import tempfile
 import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from abtrain import launch
@@ -22,6 +23,10 @@ from abtrain.config import BASELINE, ConfigError, Method, load
 PLAN_ASSUMES = (
     "assumes every method needs the same number of steps to reach a given accuracy "
     "(bench.network measures how far that holds: bench/results/network-rates.json)"
+)
+PLAN_TO_TARGET = (
+    "ranks by predicted time to the target top-1: the steps each method took to it in the "
+    "file's run times its predicted seconds per step"
 )
 # the schedule of a --measure run: every phase kind and two syncs in a few steps
 MEASURE_SETS = [
@@ -45,7 +50,10 @@ def add_parser(sub) -> None:
         description="Each method's expected seconds per step and for the run, and its "
         "inter-node bytes per rank, from the planner's time model: a step takes its compute "
         "time plus the time its node's inter-node bytes take over the link (no overlap). "
-        "The recommendation is the fastest predicted run; it " + PLAN_ASSUMES + ".",
+        "With a bench.network results file as --compute, which records how many steps each "
+        "method took to a target top-1, the recommendation " + PLAN_TO_TARGET + " (a method "
+        "that did not reach the target there is not recommended); otherwise it is the fastest "
+        "predicted run, and it " + PLAN_ASSUMES + ".",
     )
     plan.add_argument("--config", required=True)
     plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -63,7 +71,9 @@ def add_parser(sub) -> None:
         metavar="FILE.json",
         help="per-method per-phase seconds per step without the network: "
         '{"ddp": {"full": 0.31}, "ab": {"warmup": 0.32, "ab": 0.35, "rebound": 0.41}}, '
-        "or a bench.network results file (its step_seconds; take the unshaped one)",
+        "or a bench.network results file (its step_seconds, and its steps to the target "
+        "top-1, each method with the settings of its own the file records; take the "
+        "unshaped one)",
     )
     source.add_argument(
         "--measure",
@@ -115,20 +125,57 @@ def data_classes(cfg) -> tuple[int, str]:
     )
 
 
-def read_compute(path: str) -> tuple[dict[str, dict[str, float]], str]:
+@dataclass
+class Compute:
+    """What `plan` times each method from: per-phase compute seconds per step, where they
+    come from, and, from a bench.network results file, the settings its runs used and the
+    steps each took to the file's target top-1 (None: it did not reach it)."""
+
+    seconds: dict[str, dict[str, float]]
+    source: str
+    overrides: list[str] = field(default_factory=list)
+    method_overrides: dict[str, list[str]] = field(default_factory=dict)
+    target_top1: float | None = None
+    steps_to_target: dict[str, float | None] = field(default_factory=dict)
+
+
+def read_bench(path: str, raw: dict) -> Compute:
+    """A bench.network results file: each result's step_seconds and, where it has them, its
+    target top-1 and steps to it."""
+    try:
+        out = {r["method"]: dict(r["step_seconds"]) for r in raw["results"]}
+        reached = {
+            r["method"]: r["steps_to_target"] for r in raw["results"] if "steps_to_target" in r
+        }
+        targets = {r["target_top1"] for r in raw["results"] if "target_top1" in r}
+    except (KeyError, TypeError) as err:
+        raise ConfigError(f"--compute {path}: a result lacks {err}") from None
+    if len(targets) > 1:
+        raise ConfigError(f"--compute {path}: its results have different targets {targets}")
+    shape = f"{raw.get('nodes')}x{raw.get('ranks_per_node')}"
+    what = f"bench.network run at {shape} ranks, link {raw.get('rate')}"
+    if raw.get("rate") not in ("unshaped", None):
+        what += "; a shaped run's step times hold network time already"
+    target = targets.pop() if targets and reached else None
+    return Compute(
+        out,
+        f"{path} ({what})",
+        list(raw.get("overrides", [])),
+        {m: list(v) for m, v in raw.get("method_overrides", {}).items()},
+        target,
+        reached if target is not None else {},
+    )
+
+
+def read_compute(path: str) -> Compute:
     """Per-method per-phase compute seconds from FILE: a mapping method -> {phase: s}, or
-    a bench.network results file (each result's step_seconds)."""
+    a bench.network results file (each result's step_seconds and steps to its target)."""
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(f"--compute {path}: {err}") from None
     if isinstance(raw, dict) and isinstance(raw.get("results"), list):
-        out = {r["method"]: dict(r["step_seconds"]) for r in raw["results"]}
-        shape = f"{raw.get('nodes')}x{raw.get('ranks_per_node')}"
-        what = f"bench.network run at {shape} ranks, link {raw.get('rate')}"
-        if raw.get("rate") not in ("unshaped", None):
-            what += "; a shaped run's step times hold network time already"
-        return out, f"{path} ({what})"
+        return read_bench(path, raw)
     ok = isinstance(raw, dict) and all(
         isinstance(v, dict) and all(isinstance(x, int | float) for x in v.values())
         for v in raw.values()
@@ -138,7 +185,7 @@ def read_compute(path: str) -> tuple[dict[str, dict[str, float]], str]:
             f"--compute {path}: expected {{method: {{phase: seconds}}}} or a bench.network "
             "results file"
         )
-    return {m: {k: float(x) for k, x in v.items()} for m, v in raw.items()}, path
+    return Compute({m: {k: float(x) for k, x in v.items()} for m, v in raw.items()}, path)
 
 
 def phase_compute(p, step_seconds: dict[str, float]) -> dict[str, float]:
@@ -229,30 +276,33 @@ def run(args) -> int:
         link = link_bytes_per_s(args.link)
         cfg = load(args.config, args.overrides)
         classes, origin = (args.classes, "--classes") if args.classes else data_classes(cfg)
+        given = read_compute(args.compute) if args.compute else None
         cfgs, skipped = {}, {}
         for m in methods:
+            # a method the file's run trained with settings of its own is planned with them
+            own = given.method_overrides.get(m, []) if given else []
             try:
-                c = load(args.config, [*args.overrides, f"method={m}"])
+                c = load(args.config, [*args.overrides, f"method={m}", *own])
                 check_world(c, args.nodes * args.ranks_per_node, args.ranks_per_node)
                 cfgs[m] = c
             except ConfigError as err:
                 skipped[m] = str(err).splitlines()[-1].strip()
-        if args.compute:
-            compute, source = read_compute(args.compute)
+        if given:
+            compute = given
             shape = f"at {args.nodes}x{args.ranks_per_node} ranks"
-            if " ranks, link" in source and shape not in source:
-                source += f"; applied {shape}"
+            if " ranks, link" in compute.source and shape not in compute.source:
+                compute.source += f"; applied {shape}"
         else:
-            compute = measure_compute(
+            seconds = measure_compute(
                 args.config, args.overrides, list(cfgs), args.nodes, args.ranks_per_node
             )
-            source = f"measured here, {args.nodes}x{args.ranks_per_node} ranks"
+            compute = Compute(seconds, f"measured here, {args.nodes}x{args.ranks_per_node} ranks")
         rows = []
         for m, c in cfgs.items():
-            if m not in compute:
+            if m not in compute.seconds:
                 skipped[m] = f"no compute times for it in {args.compute}"
                 continue
-            t = predict(c, args.nodes, args.ranks_per_node, classes, compute[m], link)
+            t = predict(c, args.nodes, args.ranks_per_node, classes, compute.seconds[m], link)
             rows.append((m, t))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -265,22 +315,68 @@ def run(args) -> int:
         f"{args.nodes} nodes x {args.ranks_per_node} ranks, link {args.link} ({link_text}), "
         f"{cfg.steps} steps, {classes} classes ({origin})"
     )
-    print(f"compute per step: {source}")
+    print(f"compute per step: {compute.source}")
+    print_settings(args, compute, [m for m, _ in rows])
+    to_target = target_seconds(rows, compute)
+    print_table(rows, to_target)
+    for m, why in skipped.items():
+        print(f"skipped {m}: {why}")
+    recommend(args, rows, compute, to_target)
+    print(
+        "s/step: mean over the run, syncs included; run s: the steps and syncs (start-up, "
+        "evaluation and checkpoints not counted); MB: inter-node bytes per rank; "
+        + ("to target s: steps to the target in the file's run x s/step. " if to_target else "")
+        + "A step = its compute + its node's bytes over the link, no overlap."
+    )
+    return 0
+
+
+def print_settings(args, compute: Compute, planned: list[str]) -> None:
+    """Say where the file's runs differ from the plan's settings (its compute times and
+    steps to the target belong to those runs' settings)."""
+    for m, own in compute.method_overrides.items():
+        if own and m in planned:
+            print(f"{m}: planned with the file's settings of its own run: {' '.join(own)}")
+    missing = [o for o in compute.overrides if o not in args.overrides]
+    if missing:
+        print(
+            f"note: {args.compute}'s runs used --set {' '.join(missing)}, which this plan "
+            "does not set: its compute times (and steps to the target) are those runs'"
+        )
+
+
+def target_seconds(rows: list, compute: Compute) -> dict[str, float | None]:
+    """Each method's predicted seconds to the file's target top-1: its steps to the target
+    there times its predicted mean step; None where it did not reach it. Empty when the
+    compute source says nothing about accuracy."""
+    if compute.target_top1 is None:
+        return {}
+    out = {}
+    for m, t in rows:
+        steps = compute.steps_to_target.get(m)
+        out[m] = None if steps is None else steps * t.mean_step_seconds
+    return out
+
+
+def print_table(rows: list, to_target: dict[str, float | None]) -> None:
     ddp = next((t for m, t in rows if m == BASELINE), None)
     header = ("method", "s/step", "run s", "MB/rank", "MB/rank/step", "vs ddp")
+    if to_target:
+        header += ("to target s",)
     table = [header]
     for m, t in rows:
         speed = f"{ddp.seconds / t.seconds:.2f}x" if ddp else "—"
-        table.append(
-            (
-                m,
-                f"{t.mean_step_seconds:.3f}",
-                f"{t.seconds:.1f}",
-                f"{t.plan.inter_bytes / 1e6:.1f}",
-                f"{t.plan.per_step / 1e6:.3f}",
-                speed,
-            )
+        row = (
+            m,
+            f"{t.mean_step_seconds:.3f}",
+            f"{t.seconds:.1f}",
+            f"{t.plan.inter_bytes / 1e6:.1f}",
+            f"{t.plan.per_step / 1e6:.3f}",
+            speed,
         )
+        if to_target:
+            row += ("not reached" if to_target[m] is None else f"{to_target[m]:.1f}",)
+        table.append(row)
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:
         print(
@@ -288,15 +384,49 @@ def run(args) -> int:
                 c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
             )
         )
-    for m, why in skipped.items():
-        print(f"skipped {m}: {why}")
-    best, t = min(rows, key=lambda x: x[1].seconds)
-    vs = f", {ddp.seconds / t.seconds:.2f}x the speed of ddp" if ddp and best != BASELINE else ""
-    print(f"recommended: {best} (the fastest predicted run{vs})")
-    print(
-        "s/step: mean over the run, syncs included; run s: the steps and syncs (start-up, "
-        "evaluation and checkpoints not counted); MB: inter-node bytes per rank. "
-        f"A step = its compute + its node's bytes over the link, no overlap. The "
-        f"recommendation {PLAN_ASSUMES}."
+
+
+def recommend(args, rows: list, compute: Compute, to_target: dict[str, float | None]) -> None:
+    """The recommendation line: first to the target where the file says how many steps each
+    method took to it, the fastest run otherwise (and the assumption that takes)."""
+    runs = {m: t.seconds for m, t in rows}
+    fastest = min(runs, key=runs.get)
+    if not to_target:
+        vs = (
+            f", {runs[BASELINE] / runs[fastest]:.2f}x the speed of ddp"
+            if (BASELINE in runs and fastest != BASELINE)
+            else ""
+        )
+        print(f"recommended: {fastest} (the fastest predicted run{vs}; it {PLAN_ASSUMES})")
+        return
+    target = f"{compute.target_top1:g}% top-1"
+    for m, seconds in to_target.items():
+        if seconds is None:
+            print(
+                f"not recommended: {m}: did not reach the target {target} in {args.compute}'s run"
+            )
+    reached = {m: s for m, s in to_target.items() if s is not None}
+    if not reached:
+        print(f"recommended: none (no planned method reached {target} in {args.compute}'s run)")
+        return
+    best = min(reached, key=reached.get)
+    vs = (
+        f", {reached[BASELINE] / reached[best]:.2f}x the speed of ddp to it"
+        if (BASELINE in reached and best != BASELINE)
+        else ""
     )
-    return 0
+    print(
+        f"recommended: {best} (the first predicted to reach {target}{vs}; time to the target: "
+        f"the steps it took to it in {args.compute}'s run x its predicted s/step)"
+    )
+    if fastest != best:
+        steps = compute.steps_to_target
+        took = (
+            "did not reach it"
+            if steps.get(fastest) is None
+            else f"took {steps[fastest]:.0f} steps to it"
+        )
+        print(
+            f"{fastest} has the fastest predicted run, but {took} in {args.compute}'s run, "
+            f"against {steps[best]:.0f} for {best}"
+        )

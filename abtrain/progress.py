@@ -29,13 +29,17 @@ class Progress:
         self._bar = tqdm(total=self.steps, initial=step, disable=not self.tty, unit="step")
 
     def step_done(self, step: int, status: str) -> None:
-        """After step `step`: the bar moves; every twentieth of the run, a log line."""
+        """After step `step` (0-based): the bar moves; every twentieth of the run, a log line.
+        Lines count steps done, 1-based as tqdm's bar and the evaluation lines do: the last
+        says `step 156 of 156`."""
         self.status = status
         self._bar.set_postfix_str(status, refresh=False)
         self._bar.update(1)
         every = max(1, self.steps // 20)
         if not self.tty and (step % every == 0 or step == self.steps - 1):
-            self.log(f"step {step:>6} {status} | {self._speed(step)}")
+            width = len(str(self.steps))
+            done = f"{step + 1:>{width}} of {self.steps}"
+            self.log(f"step {done} {status} | {self._speed(step)}")
 
     def close(self) -> None:
         self._bar.close()

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from abtrain.config import Config
+from abtrain.mlflow_ui import EXPERIMENT_KIND, key_figures_view, ui_address
 
 ARTIFACTS_DIR = "mlartifacts"
-# MLflow 3 opens an experiment without this tag on its GenAI overview (traces, prompts); with
-# it, on the runs table. The UI's own "custom model development" choice writes this value.
-EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 SYSTEM_METRICS_INTERVAL_S = 10  # MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL overrides it
+# The compare view's first plot shows the metric a run was sent first; a new run's first
+# batch leads with these, and its system metrics start after it
+FIRST_METRICS = ("val_top1", "val_loss", "val_top5", "loss")
 
 
 class TrackingError(RuntimeError):
@@ -80,11 +82,19 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
         return client.create_experiment(
-            name, artifact_location=artifact_location(uri), tags=dict([EXPERIMENT_KIND])
+            name,
+            artifact_location=artifact_location(uri),
+            tags=dict([EXPERIMENT_KIND, key_figures_view()]),
         )
-    if EXPERIMENT_KIND[0] not in exp.tags:
-        client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
+    for key, value in (EXPERIMENT_KIND, key_figures_view()):
+        if key not in exp.tags:  # a view the user has since edited is theirs
+            client.set_experiment_tag(exp.experiment_id, key, value)
     return exp.experiment_id
+
+
+def model_name(run_name: str) -> str:
+    """The run's name as a logged model's name: MLflow 3 refuses / : . % " ' in it."""
+    return re.sub(r"[/:.%\"'\s]+", "-", run_name).strip("-") or "model"
 
 
 def run_name_for(cfg: Config, nodes: int, ranks_per_node: int) -> str:
@@ -131,8 +141,65 @@ def run_tags(cfg: Config, where: dict[str, Any], global_batch: int, out: Path) -
         git_commit=commit,
         out_dir=str(out.resolve()),
         **source_tags(commit),
+        **dvc_tags(),
+        **{"mlflow.note.content": description(commit)},
         **cfg.tracking.tags,
     )
+
+
+# what DVC puts in a stage's environment (`dvc exp run`: the last two), as run tags
+DVC_ENV = dict(
+    DVC_STAGE="dvc.stage", DVC_EXP_NAME="dvc.experiment", DVC_EXP_BASELINE_REV="dvc.baseline"
+)
+
+
+def dvc_tags() -> dict[str, str]:
+    """What DVC tells a stage's command: its stage and, under `dvc exp run`, the
+    experiment's name and the commit it started from."""
+    return {tag: os.environ[var] for var, tag in DVC_ENV.items() if os.environ.get(var)}
+
+
+def params_changed(path: str = "params.yaml") -> list[str]:
+    """`key=value` for each value of a DVC stage's params.yaml that differs from the file at
+    the commit checked out (what `dvc exp run -S` set); [] outside a stage or git."""
+    import yaml
+
+    from abtrain.config import diff_keys
+
+    if not os.environ.get("DVC_STAGE") or not Path(path).exists():
+        return []
+    try:
+        head = subprocess.run(
+            ["git", "show", f"HEAD:./{path}"], capture_output=True, text=True, timeout=10
+        )
+        old, new = yaml.safe_load(head.stdout), yaml.safe_load(Path(path).read_text())
+    except (OSError, subprocess.SubprocessError, yaml.YAMLError):
+        return []
+    if head.returncode or not isinstance(old, dict) or not isinstance(new, dict):
+        return []
+    out = []
+    for key in diff_keys(old, new):
+        value = new
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        out.append(f"{key}={json.dumps(value)}")
+    return out
+
+
+def description(commit: str) -> str:
+    """The run's description (MLflow's note): what tells apart runs of one name, such as a
+    matrix run again under `dvc exp run`."""
+    dvc = dvc_tags()
+    lines = [f"Commit {commit[:12]}."]
+    if "dvc.stage" in dvc:
+        lines.append(f"DVC stage {dvc['dvc.stage']}.")
+    if "dvc.experiment" in dvc:
+        base = dvc.get("dvc.baseline", "?")[:12]
+        lines.append(f"DVC experiment {dvc['dvc.experiment']} (from commit {base}).")
+    changed = params_changed()
+    if changed:
+        lines.append("params.yaml differs from the commit in: " + ", ".join(changed) + ".")
+    return "\n".join(lines)[:5000]
 
 
 def describe_dataset(cfg: Config, task: Any) -> dict[str, Any]:
@@ -190,12 +257,14 @@ class Tracker:
     def __init__(self, cfg: Config, active: bool, out: Path | None = None) -> None:
         self.client = None
         self.run_id: str | None = None
+        self.run_name: str | None = None
         self.model_uri: str | None = None
         self.lost: str | None = None  # why the store stopped answering, while it doesn't
         self.required = cfg.tracking.required
         self.out = out
         self._buffer: list[Any] = []
         self._monitor = None
+        self._first_batch = False  # a new run's first metrics are not in the store yet
         self._step = 0  # the last step metrics were logged at, for the report of a loss
         if not active:
             return
@@ -235,12 +304,14 @@ class Tracker:
         if run_id is not None:
             self.run_id = run_id
             self.client.update_run(run_id, status="RUNNING")
+            self.run_name = self.client.get_run(run_id).info.run_name
             self._send_kept()
         else:
+            name = self._distinct(name, tags)
             run = self.client.create_run(
                 self.experiment_id, run_name=name, tags={k: str(v) for k, v in tags.items()}
             )
-            self.run_id = run.info.run_id
+            self.run_id, self.run_name = run.info.run_id, name
             params = [Param(k, str(v)) for k, v in flatten(cfg.dump()).items()]
             for i in range(0, len(params), 100):
                 self.client.log_batch(self.run_id, params=params[i : i + 100])
@@ -254,7 +325,23 @@ class Tracker:
                 )
                 context = InputTag("mlflow.data.context", "train")
                 self.client.log_inputs(self.run_id, [DatasetInput(entity, [context])])
-        self._start_system_metrics(resumed=run_id is not None)
+        if run_id is None:  # sampling starts once the run's own metrics lead (flush)
+            self._first_batch = True
+        else:
+            self._start_system_metrics(resumed=True)
+        where = ui_address(self.uri, self.experiment_id)
+        print(f"[abtrain] MLflow run {self.run_name!r}; all runs' key figures: {where}", flush=True)
+
+    def _distinct(self, name: str, tags: dict[str, Any]) -> str:
+        """`name (experiment)` under `dvc exp run` when the experiment has a run of this
+        name already (the matrix run before), else `name`."""
+        experiment = tags.get("dvc.experiment")
+        if not experiment or "'" in name:
+            return name
+        earlier = self.client.search_runs(
+            [self.experiment_id], f"attributes.run_name = '{name}'", max_results=1
+        )
+        return f"{name} ({experiment})" if earlier else name
 
     def _start_system_metrics(self, resumed: bool) -> None:
         try:
@@ -325,11 +412,19 @@ class Tracker:
     def flush(self) -> None:
         if self.client is None or self.run_id is None:
             return
+        if self._first_batch:
+            # the compare view's first plot is the run's first metric: an evaluation's top-1
+            # when there is one, not CPU utilisation (system metrics start after this batch)
+            rank = {k: i for i, k in enumerate(FIRST_METRICS)}
+            self._buffer.sort(key=lambda m: rank.get(m.key, len(rank)))
         while self._buffer:
             batch = self._buffer[:1000]
             if not self._send("metrics", self.client.log_batch, self.run_id, batch):
                 return
             self._buffer = self._buffer[len(batch) :]
+        if self._first_batch:
+            self._first_batch = False
+            self._start_system_metrics(resumed=False)
 
     def text(self, content: str, artifact_file: str) -> None:
         """A small artifact from memory (replaced if it exists)."""
@@ -401,7 +496,7 @@ class Tracker:
         logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)
         info = mlflow.pytorch.log_model(
             model,
-            name="model",
+            name=model_name(self.run_name or "model"),
             signature=signature,
             run_id=self.run_id,
             step=step,

@@ -5,14 +5,18 @@ a tbf qdisc in both directions (the node's egress and its switch port's egress),
 from a private range used only inside these namespaces. Several ranks on one node talk over
 that node's loopback, standing in for NVLink. Everything is torn down on exit or failure,
 killing only the processes started here.
+
+    python -m bench.cluster --leftovers    # namespaces an earlier cluster left behind
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -138,3 +142,27 @@ def leftover_namespaces() -> list[str]:
         for line in sh("ip", "netns", "list").splitlines()
         if line.startswith("abt-")
     ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.cluster",
+        description="Emulated cluster nodes as network namespaces (used by bench.network); "
+        "this command only looks.",
+    )
+    p.add_argument(
+        "--leftovers",
+        action="store_true",
+        help="list the abt-* namespaces still there (needs iproute2); none: nothing printed",
+    )
+    a = p.parse_args(argv)
+    if not a.leftovers:
+        p.print_help()
+        return 0
+    for name in leftover_namespaces():
+        print(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,6 +34,7 @@ import torch
 from PIL import Image
 
 from abtrain import config as abconfig
+from abtrain.files import atomic_write_text
 from abtrain.loader import CROP_RATIO, CROP_SCALE, PREFETCH, StepSampler, _init_worker
 from abtrain.prepare import IMAGENET_STATS, prepare
 from abtrain.tasks import ImageTask, make_task
@@ -283,9 +284,7 @@ def machine() -> dict[str, Any]:
 
 def write_json(path: Path, obj: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

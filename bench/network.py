@@ -2,10 +2,13 @@
 real links of chosen speeds; traffic counted at the interfaces and by the ledger; time to a
 common accuracy at each rate, measured and predicted (bench.rates).
 
-    sudo-less as root here (issue 14's benchmark; --dry-run predicts its wall time):
-    python -m bench.network --methods ddp,ab,powersgd,ab_powersgd \\
-        --shape 2x2=50mbit,200mbit,1gbit,none --shape 4x1=200mbit \\
-        --set steps=200 --set eval_every=10 --set checkpoint_every=0 ...
+    sudo-less as root here (--dry-run predicts its wall time):
+    python -m bench.network --shape 2x2=50mbit,200mbit,1gbit,none --shape 4x1=200mbit
+
+Every run takes the benchmark's own schedule (BENCH_SETS, BENCH_METHOD_SETS: 160 steps,
+the committed runs' values); `--set` and `--method-set` add to them or change them, and
+each per-rate file records the values its runs were made with (bench.rates will not put
+runs made with different ones in one table).
 
 Writes bench/results/network-<rate>.json (2 nodes x 2 ranks; other shapes
 network-<N>n-<rate>.json), bench/results/network.png (accuracy against wall time), the
@@ -29,6 +32,19 @@ from abtrain.files import atomic_write_text
 from bench.cluster import Cluster, tbf_burst
 
 RESULTS = Path("bench/results")
+WORK = Path("runs/bench")
+# the benchmark's schedule, short enough for 20 runs on CPU ranks (the committed runs')
+BENCH_SETS = (
+    "steps=160",
+    "eval_every=10",
+    "checkpoint_every=0",
+    "ab.warmup_steps=30",
+    "ab.ab_steps=20",
+    "ab.rebound_steps=5",
+    "ab.lr_rebound_steps=10",
+    "optim.lr_warmup_steps=8",
+)
+BENCH_METHOD_SETS = ("ab_powersgd:ab.sync_mode=only_learned",)
 
 
 def ledger_by_node(run_dir: Path, nodes: list[int]) -> dict[int, int]:
@@ -179,8 +195,19 @@ def parse_method_sets(texts: list[str]) -> dict[str, list[str]]:
         method, sep, setting = text.partition(":")
         if not sep or "=" not in setting:
             raise SystemExit(f"--method-set {text!r}: use METHOD:KEY=VALUE")
-        out.setdefault(method, []).append(setting)
+        out[method] = last_of_each_key([*out.get(method, []), setting])
     return out
+
+
+def last_of_each_key(sets: list[str]) -> list[str]:
+    """KEY=VALUE overrides with each key's earlier values dropped: the same settings,
+    recorded once (the defaults, then what --set changed or added)."""
+    out: dict[str, str] = {}
+    for text in sets:
+        key = text.partition("=")[0].strip()
+        out.pop(key, None)
+        out[key] = text
+    return list(out.values())
 
 
 def estimate(runs: list[tuple[int, int, str | None, str]], a: argparse.Namespace) -> list[float]:
@@ -243,19 +270,36 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--methods", default="ddp,ab,powersgd,ab_powersgd")
     p.add_argument("--config", default="params.yaml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"an override of every run, over the benchmark's own: {' '.join(BENCH_SETS)}",
+    )
     p.add_argument(
         "--method-set",
         action="append",
         default=[],
         metavar="METHOD:KEY=VALUE",
-        help="an override for one method only, e.g. ab_powersgd:ab.sync_mode=only_learned",
+        help="an override for one method only, over the benchmark's own: "
+        + " ".join(BENCH_METHOD_SETS),
     )
     p.add_argument(
         "--merge",
         action="store_true",
-        help="keep the other methods' runs already in bench/results/network-*.json and "
-        "replace only these methods' (a rerun of one method after a change to it)",
+        help="keep the other methods' runs already in the results' network-*.json and "
+        "replace only these methods' (a rerun of one method after a change to it); "
+        "refused where those runs were made with other --set values",
+    )
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help=f"where the per-rate files, figures and summary go (default: {RESULTS})",
+    )
+    p.add_argument(
+        "--work", type=Path, default=WORK, help="the run folders and their logs (fresh each run)"
     )
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument(
@@ -265,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         "unshaped run); run nothing",
     )
     a = p.parse_args(argv)
-    a.method_sets = parse_method_sets(a.method_set)
+    a.set = last_of_each_key([*BENCH_SETS, *a.set])
+    a.method_sets = parse_method_sets([*BENCH_METHOD_SETS, *a.method_set])
+    a.results = a.results or RESULTS
     shapes = parse_shapes(a)
     methods = a.methods.split(",")
     runs = [(n, r, rate, m) for n, r, rates in shapes for rate in rates for m in methods]
@@ -275,8 +321,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {k:>2} of {len(runs)}: {n}x{r} {rate or 'unshaped':>9} {m:<12} ~{s:5.0f} s")
         print(f"predicted wall time: {_minutes(sum(seconds))} for {len(runs)} runs")
         return 0
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    work = Path("runs/bench")
+    if a.merge:  # before hours of runs, not after
+        for nodes, ranks, rates in shapes:
+            for rate in rates:
+                check_merge(
+                    argparse.Namespace(**{**vars(a), "nodes": nodes, "ranks_per_node": ranks}), rate
+                )
+    a.results.mkdir(parents=True, exist_ok=True)
+    work = a.work
     work.mkdir(parents=True, exist_ok=True)
     t0, k = time.monotonic(), 0
     for nodes, ranks, rates in shapes:
@@ -290,23 +342,30 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(run_one(method, rate, shape, work))
                 done = progress_line(k, len(runs), method, rate, time.monotonic() - t0, results[-1])
                 print(done, flush=True)
+            own = recorded_method_sets(shape, rate, methods)
             if a.merge:
                 results = merged(shape, rate, results)
-            write_rate(shape, rate, results)
-    summary = summarise(a.config)
+            write_rate(shape, rate, results, own)
+    plot(a.results)
+    from bench.rates import MixedOverrides
+
+    try:
+        summary = summarise(a.config, a.results)
+    except MixedOverrides as err:  # runs of other overrides beside these: not one table
+        print(f"bench.network: no summary: {err}", file=sys.stderr)
+        return 2
     if summary:
         print_summary(summary)
-    plot()
     return 0
 
 
-def summarise(config: str) -> dict[str, Any] | None:
+def summarise(config: str, results: Path | None = None) -> dict[str, Any] | None:
     """Time to target over every committed rate and shape (bench.rates)."""
     import yaml
 
     from bench import rates
 
-    return rates.summarise(yaml.safe_load(Path(config).read_text()), RESULTS)
+    return rates.summarise(yaml.safe_load(Path(config).read_text()), results or RESULTS)
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -315,20 +374,62 @@ def print_summary(summary: dict[str, Any]) -> None:
     rates.print_summary(summary)
 
 
+def committed(a: argparse.Namespace, rate: str | None) -> dict[str, Any] | None:
+    """The per-rate file of this shape and rate already in the results, if any."""
+    from bench.rates import result_name
+
+    results = getattr(a, "results", None) or RESULTS
+    path = results / f"{result_name(a.nodes, a.ranks_per_node, rate)}.json"
+    return {**json.loads(path.read_text()), "file": str(path)} if path.exists() else None
+
+
+def check_merge(a: argparse.Namespace, rate: str | None) -> None:
+    """--merge keeps the other methods' runs: only where they were made with these --set
+    values (each method's own may change: its runs are the ones replaced)."""
+    from bench.rates import normalised
+
+    old = committed(a, rate)
+    if old is None:
+        return
+    was = old.get("overrides")
+    if was is None or normalised(was, old["file"]) != normalised(a.set, "--set"):
+        raise SystemExit(
+            f"--merge: {old['file']} was made with "
+            f"{' '.join(was) if was is not None else 'unrecorded overrides'}, these runs with "
+            f"{' '.join(a.set)}; one file would hold runs of both. Run every method instead."
+        )
+
+
 def merged(
     a: argparse.Namespace, rate: str | None, new: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """The committed runs of this shape and rate, with `new`'s methods replaced, in order."""
-    from bench.rates import result_name
-
-    path = RESULTS / f"{result_name(a.nodes, a.ranks_per_node, rate)}.json"
-    old = json.loads(path.read_text())["results"] if path.exists() else []
+    old = committed(a, rate)
     fresh = {r["method"]: r for r in new}
-    out = [fresh.pop(r["method"], r) for r in old]
+    out = [fresh.pop(r["method"], r) for r in (old["results"] if old else [])]
     return out + list(fresh.values())
 
 
-def write_rate(a: argparse.Namespace, rate: str | None, results: list[dict[str, Any]]) -> None:
+def recorded_method_sets(
+    a: argparse.Namespace, rate: str | None, methods: list[str]
+) -> dict[str, list[str]]:
+    """Each method's own overrides, as its runs in the file were made: those of this
+    command for the methods it ran, the file's for the runs --merge keeps."""
+    old = committed(a, rate) if getattr(a, "merge", False) else None
+    kept = {r["method"] for r in old["results"] if r["method"] not in methods} if old else set()
+    was = (old or {}).get("method_overrides") or {}
+    return {
+        **{m: v for m, v in was.items() if m in kept},
+        **{m: a.method_sets[m] for m in methods if m in a.method_sets},
+    }
+
+
+def write_rate(
+    a: argparse.Namespace,
+    rate: str | None,
+    results: list[dict[str, Any]],
+    method_overrides: dict[str, list[str]] | None = None,
+) -> None:
     """network-<rate>.json of one shape and rate, and its table. Its target: the lowest
     of these runs' best top-1 smoothed over 2 evaluations (bench.rates; the summary's
     target is the lowest over every rate of the shape)."""
@@ -347,15 +448,18 @@ def write_rate(a: argparse.Namespace, rate: str | None, results: list[dict[str, 
     except (abconfig.ConfigError, OSError):
         classes = None
     name = result_name(a.nodes, a.ranks_per_node, rate)
+    if method_overrides is None:
+        ran = {r["method"] for r in results}
+        method_overrides = {m: v for m, v in getattr(a, "method_sets", {}).items() if m in ran}
     atomic_write_text(
-        RESULTS / f"{name}.json",
+        (getattr(a, "results", None) or RESULTS) / f"{name}.json",
         json.dumps(
             dict(
                 nodes=a.nodes,
                 ranks_per_node=a.ranks_per_node,
                 rate=rate or "unshaped",
                 overrides=a.set,
-                method_overrides=getattr(a, "method_sets", {}),
+                method_overrides=method_overrides,
                 classes=classes,
                 results=results,
             ),
@@ -380,14 +484,15 @@ def write_rate(a: argparse.Namespace, rate: str | None, results: list[dict[str, 
         )
 
 
-def plot() -> None:
-    """bench/results/network.png: validation top-1 against wall time, one panel per rate
+def plot(results: Path | None = None) -> None:
+    """network.png in the results: validation top-1 against wall time, one panel per rate
     and shape (the summary's figure is bench.rates'); each method in its colour and marker
     of pipeline.style, one legend for all panels, where no data is."""
     from bench.rates import load
     from pipeline import style
 
-    files = load(RESULTS)
+    results = results or RESULTS
+    files = load(results)
     if not files:
         return
     cols = min(3, len(files))
@@ -428,7 +533,7 @@ def plot() -> None:
             spare[0].legend(handles=key, loc="center", title="method")
         else:
             fig.legend(handles=key, loc="outside right upper", title="method")
-        style.save(fig, RESULTS / "network.png", dpi=100)
+        style.save(fig, results / "network.png", dpi=100)
 
 
 if __name__ == "__main__":

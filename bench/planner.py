@@ -3,14 +3,17 @@ profile's ViT-B/16 and ResNet-50 runs at 2-32 nodes, beside the paper's Table 1;
 every run of the matrix what it keeps: memory per GPU, checkpoint bytes and disk, ledger
 and log records (`abtrain.planner.footprint`).
 
-    python -m bench.planner    # writes bench/results/planner.json and prints two tables
+    python -m bench.planner [--out FILE]   # writes bench/results/planner.json, prints tables
 
-The ranks training keeps are an assumption (`keep`, a fraction of each layer's full rank);
-both full rank (1.0) and half (0.5) are shown.
+A computation, no training (the DVC stage `planner` runs it). The ranks training keeps are
+an assumption (`keep`, a fraction of each layer's full rank); both full rank (1.0) and
+half (0.5) are shown. The paper-scale GB/s rest on a stated compute rate and link; each
+Table 1 row also carries AB's rate over DDP's across a band of both (`rate_ratio_band`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -29,13 +32,18 @@ IMAGENET_TRAIN = 1_281_167
 PAPER = Path("profiles/paper.yaml")
 # (training images, classes) of the data sets the matrix uses, which needn't be here
 DATASETS = {"imagenet": (IMAGENET_TRAIN, 1000), "cifar10": (50_000, 10), "cifar100": (50_000, 100)}
-# The stated model of the paper's hardware (Section 5: four A100-40 GPUs per node, one
-# InfiniBand 4X HDR port of 25 GB/s). A step computes at a fixed share of the A100's dense
-# bf16 peak; the share is an assumption, the same for every run and method, not fitted to
-# the paper's figures (the AB/DDP ratio barely depends on it; the absolute GB/s do).
+# The stated model of the paper's hardware (Section 4.1: four A100-40 GPUs and two network
+# adapters per node, InfiniBand 4X HDR at 200 Gbit/s = 25 GB/s per port). The central
+# assumption: a step computes at a fixed share of the A100's dense bf16 peak, the same for
+# every run and method, and a node's traffic uses one port. Neither is fitted to the
+# paper's figures. The AB/DDP rate ratio depends on both (the network's share of DDP's
+# step), so every Table 1 row also gets the ratio over a band: each utilisation x 1 or 2
+# ports (both adapters carrying traffic at full rate).
 A100_BF16_FLOPS = 312e12
 UTILISATION = 0.4
 LINK_BYTES_PER_S = 25e9
+BAND_UTILISATION = (0.2, 0.4, 0.6)
+BAND_PORTS = (1, 2)
 GROUP_BN = ["dist.sync_batchnorm=group"]
 RESULTS = Path("bench/results")
 
@@ -81,7 +89,8 @@ def paper_rates(p: dict, ref: list[dict]) -> list[dict]:
             r = matrix[key if isinstance(key, str) else key[0]]
             sets = run_overrides(p, r, None, size=IMAGENET_TRAIN) + bn
             cfg = abconfig.from_dict(p["train"], sets)
-            seconds = step_flops(cfg, 1000) / (A100_BF16_FLOPS * UTILISATION)
+            flops = step_flops(cfg, 1000)
+            seconds = flops / (A100_BF16_FLOPS * UTILISATION)
             t = timing(
                 plan(cfg, r.nodes, r.ranks_per_node, 1000),
                 r.ranks_per_node,
@@ -89,6 +98,7 @@ def paper_rates(p: dict, ref: list[dict]) -> list[dict]:
                 LINK_BYTES_PER_S,
             )
             rates[key] = dict(
+                flops=flops,
                 gb_per_s=t.gb_per_s,
                 step_seconds=t.mean_step_seconds,
                 compute_seconds=seconds,
@@ -99,6 +109,9 @@ def paper_rates(p: dict, ref: list[dict]) -> list[dict]:
         label = {"vit": "ViT-B/16", "r50": "ResNet-50"}[name.split("-")[0]]
         paper = next((x for x in ref if x["model"] == label and x["N"] == run.nodes), None)
         pb = paper and paper[f"{run.batch}_baseline"]
+        pr = paper[f"{run.batch}_ab"] / pb if pb else None
+        band = ratio_band(rates[name], rates[base], run.ranks_per_node)
+        lo, hi = min(b["rate_ratio"] for b in band), max(b["rate_ratio"] for b in band)
         out.append(
             dict(
                 run=name,
@@ -119,9 +132,41 @@ def paper_rates(p: dict, ref: list[dict]) -> list[dict]:
                 **parts(rates[name]["plan"], rates[base]["plan"]),
                 paper_ddp_gb_per_s=pb or None,
                 paper_ab_gb_per_s=paper[f"{run.batch}_ab"] if pb else None,
-                paper_ratio=paper[f"{run.batch}_ab"] / pb if pb else None,
+                paper_ratio=pr,
+                # AB/DDP GB/s over the band of compute rates and ports (ratio_band)
+                rate_ratio_band=band,
+                rate_ratio_band_min=lo,
+                rate_ratio_band_max=hi,
+                paper_ratio_in_band=lo <= pr <= hi if pr else None,
             )
         )
+    return out
+
+
+def ratio_band(ab: dict, ddp: dict, ranks_per_node: int) -> list[dict]:
+    """AB's GB/s over DDP's for one Table 1 row at each compute utilisation x port count of
+    the band (`paper_rates`' plans, their compute scaled from the step's FLOPs)."""
+    out = []
+    for u in BAND_UTILISATION:
+        for ports in BAND_PORTS:
+            link = ports * LINK_BYTES_PER_S
+            gb = [
+                timing(
+                    r["plan"], ranks_per_node, {"full": r["flops"] / (A100_BF16_FLOPS * u)}, link
+                ).gb_per_s
+                for r in (ab, ddp)
+            ]
+            out.append(
+                dict(
+                    utilisation=u,
+                    ports=ports,
+                    link_bytes_per_s=link,
+                    ab_gb_per_s=gb[0],
+                    ddp_gb_per_s=gb[1],
+                    rate_ratio=gb[0] / gb[1],
+                    central=u == UTILISATION and ports == 1,
+                )
+            )
     return out
 
 
@@ -177,7 +222,18 @@ def network_check(params: dict) -> list[dict]:
     return out
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description="Predict, without training, the paper-scale traffic and rates of the paper "
+        "profile's runs (Table 1), the time model against bench.network's committed runs, and "
+        "what every run of the matrix keeps; writes one JSON file and prints tables."
+    )
+    ap.add_argument("--out", default=str(RESULTS / "planner.json"), help="%(default)s")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     p = yaml.safe_load(PAPER.read_text())
     ref = json.loads(Path("pipeline/paper_reference.json").read_text())["table1"]["rows"]
     rows = []
@@ -244,7 +300,7 @@ def main() -> int:
         )
     rates = paper_rates(p, ref)
     check = network_check(yaml.safe_load(Path("params.yaml").read_text()))
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     result = dict(
         traffic=out,
         rates=rates,
@@ -252,11 +308,19 @@ def main() -> int:
             flops_per_s=A100_BF16_FLOPS * UTILISATION,
             utilisation=UTILISATION,
             link_bytes_per_s=LINK_BYTES_PER_S,
+            band=dict(
+                utilisations=list(BAND_UTILISATION),
+                ports=list(BAND_PORTS),
+                port_bytes_per_s=LINK_BYTES_PER_S,
+                central=dict(utilisation=UTILISATION, ports=1),
+                why="the paper's nodes have two network adapters (200 Gbit/s per port); "
+                "the compute rate of its runs is not stated",
+            ),
         ),
         network_check=check,
         footprint=kept,
     )
-    atomic_write_text(RESULTS / "planner.json", json.dumps(result, indent=2))
+    atomic_write_text(a.out, json.dumps(result, indent=2) + "\n")
     print(
         f"{'model':<6}{'nodes':>6}{'batch':>7}{'keep':>6}{'ddp MB/step':>13}"
         f"{'ab MB/step':>12}{'ab/ddp':>8}{'paper':>7}"
@@ -276,11 +340,13 @@ def main() -> int:
 def print_rates(rates: list[dict], check: list[dict]) -> None:
     print(
         f"\nGB/s per process over wall time (A100 at {UTILISATION:.0%} of bf16 peak, "
-        f"{LINK_BYTES_PER_S / 1e9:.0f} GB/s per node; no overlap of compute and network)"
+        f"{LINK_BYTES_PER_S / 1e9:.0f} GB/s per node; no overlap of compute and network); "
+        f"band: ab/ddp at {'/'.join(f'{u:.0%}' for u in BAND_UTILISATION)} of peak x "
+        f"{' or '.join(map(str, BAND_PORTS))} ports"
     )
     print(
         f"{'model':<10}{'nodes':>6}{'batch':>7}{'step s':>8}{'ddp':>7}{'ab':>7}{'ab/ddp':>8}"
-        f"{'bytes':>7}{'paper ddp':>10}{'paper ab':>9}{'paper':>7}"
+        f"{'band':>13}{'bytes':>7}{'paper ddp':>10}{'paper ab':>9}{'paper':>7}"
     )
     for r in rates:
         paper = [
@@ -290,6 +356,7 @@ def print_rates(rates: list[dict], check: list[dict]) -> None:
         print(
             f"{r['model']:<10}{r['nodes']:>6}{r['batch']:>7}{r['ddp_step_seconds']:>8.3f}"
             f"{r['ddp_gb_per_s']:>7.2f}{r['ab_gb_per_s']:>7.2f}{r['rate_ratio']:>8.3f}"
+            f"{r['rate_ratio_band_min']:>7.3f}-{r['rate_ratio_band_max']:.3f}"
             f"{r['bytes_ratio']:>7.3f}{paper[0]:>10}{paper[1]:>9}{paper[2]:>7}"
         )
     if check:

@@ -4,7 +4,10 @@ planner's time model: which method pays off at which rate, and where one overtak
     python -m bench.rates    # from the committed bench/results/network-*.json (no training):
                              # writes bench/results/network-rates.json and network-rates.png
 
-`python -m bench.network` calls it after its runs.
+`python -m bench.network` calls it after its runs. Runs made with other overrides (each
+per-rate file records its `--set` and `--method-set` values) are not one table: it refuses
+them, naming the files and the overrides that differ, unless `--by-overrides` asks for one
+table per set of overrides (written beside, as network-rates-by-overrides.json and .png).
 
 Target accuracy, per cluster shape (nodes x ranks per node): each run's top-1 is smoothed
 over 2 consecutive evaluations (their mean, placed at their mid step and mid time, so that
@@ -27,6 +30,7 @@ the model between 20 Mbit/s and 10 Gbit/s.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -70,13 +74,104 @@ def result_name(nodes: int, ranks_per_node: int, rate: str | None) -> str:
 
 
 def load(results: Path = RESULTS) -> list[dict[str, Any]]:
-    """Every per-rate results file bench.network wrote (not the summary)."""
+    """Every per-rate results file bench.network wrote (not the summary), with its name
+    under `file`."""
     out = []
     for f in sorted(results.glob("network-*.json")):
         d = json.loads(f.read_text())
         if isinstance(d, dict) and isinstance(d.get("results"), list):
-            out.append(d)
+            out.append({**d, "file": f.name})
     return out
+
+
+class MixedOverrides(ValueError):
+    """Per-rate files whose runs were made with different overrides."""
+
+
+def normalised(sets: list[str], where: str) -> dict[str, Any]:
+    """KEY=VALUE overrides as {dotted key: value read as YAML}, the last of a key winning:
+    the same settings compare equal however they were spelled or ordered."""
+    out: dict[str, Any] = {}
+    for text in sets:
+        try:
+            path, value = abconfig.parse_override(text)
+        except abconfig.ConfigError as err:
+            raise ValueError(f"{where}: {err}") from None
+        out[".".join(path)] = value
+    return out
+
+
+def settings(d: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+    """What a per-rate file's runs were made with: its `overrides` (None where the file
+    does not record them: nothing to match them with) and, for each method it ran, that
+    method's own (`method_overrides`)."""
+    where = d.get("file", "a results file")
+    general = normalised(d["overrides"], where) if "overrides" in d else None
+    own = d.get("method_overrides") or {}
+    return general, {r["method"]: normalised(own.get(r["method"], []), where) for r in d["results"]}
+
+
+def compatible(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The same overrides, and the same own overrides for every method both ran."""
+    (ga, oa), (gb, ob) = settings(a), settings(b)
+    return ga == gb and all(oa[m] == ob[m] for m in oa.keys() & ob.keys())
+
+
+def groups(files: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The files in groups of compatible overrides, in file order."""
+    out: list[list[dict[str, Any]]] = []
+    for d in files:
+        home = next((g for g in out if all(compatible(d, x) for x in g)), None)
+        if home is None:
+            out.append([d])
+        else:
+            home.append(d)
+    return out
+
+
+def made_with(part: list[dict[str, Any]]) -> str:
+    """A group's overrides as a line: `--set` values, then each method's own."""
+    general = part[0].get("overrides")
+    text = " ".join(general) if general else "(none)" if general is not None else "not recorded"
+    own: dict[str, list[str]] = {}
+    for d in part:
+        for r in d["results"]:
+            sets = (d.get("method_overrides") or {}).get(r["method"])
+            if sets:
+                own[r["method"]] = sets
+    return text + "".join(f"; {m} only: {' '.join(v)}" for m, v in sorted(own.items()))
+
+
+def differing(parts: list[list[dict[str, Any]]]) -> list[str]:
+    """The override keys (METHOD:KEY for a method's own) whose values differ between
+    groups, or that some group did not record."""
+    seen = [settings(d) for part in parts for d in part]
+    if any(g is None for g, _ in seen):
+        return ["(overrides not recorded in some files)"]
+    keys = {k for g, _ in seen for k in g} | {f"{m}:{k}" for _, o in seen for m in o for k in o[m]}
+    out = []
+    for key in sorted(keys):
+        method, _, name = key.rpartition(":")
+        values = {
+            json.dumps(o[method].get(name) if method else g.get(key), sort_keys=True)
+            for g, o in seen
+            if not method or method in o
+        }
+        if len(values) > 1:
+            out.append(key)
+    return out
+
+
+def mixed_message(parts: list[list[dict[str, Any]]], results: Path) -> str:
+    lines = [f"{results}: these runs were made with different overrides; not one table:"]
+    for part in parts:
+        lines.append(f"  {', '.join(d['file'] for d in part)}: {made_with(part)}")
+    lines.append(f"  differing: {', '.join(differing(parts)) or '(see above)'}")
+    lines.append(
+        "Rerun them with the same --set and --method-set values, move the others out of "
+        f"{results}, or pass --by-overrides for one table per set of overrides."
+    )
+    return "\n".join(lines)
 
 
 def smoothed(evals: list[dict[str, Any]], n: int = SMOOTH) -> list[tuple[float, float, float]]:
@@ -295,15 +390,41 @@ def analyse(params: dict, files: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(rules=RULES, shapes=out_shapes, check=check)
 
 
-def summarise(params: dict, results: Path = RESULTS) -> dict[str, Any] | None:
-    """Analyse every per-rate file under `results`; write network-rates.json and .png."""
+def summarise(
+    params: dict, results: Path = RESULTS, by_overrides: bool = False, out: Path | None = None
+) -> dict[str, Any] | None:
+    """Analyse every per-rate file under `results`; write `out` (network-rates.json there)
+    and its figure beside it (.png). Files made with different overrides: MixedOverrides,
+    or with `by_overrides` one table per set of them, each shape labelled with its set."""
     files = load(results)
     if not files:
         return None
-    summary = analyse(params, files)
-    atomic_write_text(results / f"{SUMMARY}.json", json.dumps(summary, indent=2))
-    plot(summary, results / f"{SUMMARY}.png")
+    parts = groups(files)
+    if len(parts) > 1 and not by_overrides:
+        raise MixedOverrides(mixed_message(parts, results))
+    summary: dict[str, Any] = dict(rules=RULES, shapes=[], check=[])
+    for k, part in enumerate(parts, 1):
+        label = f"settings {k}" if len(parts) > 1 else None
+        got = analyse(params, part)
+        for shape in got["shapes"]:
+            mine = [d for d in part if (d["nodes"], d["ranks_per_node"]) == shape_of(shape)]
+            shape["settings"] = dict(label=label, made_with=made_with(mine), files=file_names(mine))
+        for c in got["check"]:
+            c["settings"] = label
+        summary["shapes"] += got["shapes"]
+        summary["check"] += got["check"]
+    out = out or results / f"{SUMMARY}.json"
+    atomic_write_text(out, json.dumps(summary, indent=2))
+    plot(summary, out.with_suffix(".png"))
     return summary
+
+
+def shape_of(shape: dict[str, Any]) -> tuple[int, int]:
+    return shape["nodes"], shape["ranks_per_node"]
+
+
+def file_names(files: list[dict[str, Any]]) -> list[str]:
+    return [d["file"] for d in files if "file" in d]
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
@@ -365,10 +486,11 @@ def plot(summary: dict[str, Any], path: Path) -> None:
             yt = [v for v in (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000) if lo <= v <= hi]
             ax.set_yticks(yt, [str(v) for v in yt])
             ax.axvline(20e3, color="grey", lw=0.8, ls="--", zorder=1)  # the axis breaks
+            label = (shape.get("settings") or {}).get("label")
             ax.set(
                 title=f"{shape['nodes']} nodes x {shape['ranks_per_node']} "
                 f"rank{'s' * (shape['ranks_per_node'] > 1)}: time to "
-                f"{shape['target_top1']:.2f}% top-1 (smoothed)",
+                f"{shape['target_top1']:.2f}% top-1 (smoothed)" + (f"\n{label}" if label else ""),
                 xlabel="link per node, each way (bit/s)",
                 ylabel="seconds to target (log)",
             )
@@ -402,6 +524,10 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"\n{shape['nodes']} nodes x {shape['ranks_per_node']} ranks: target top-1 "
             f"{shape['target_top1']:.2f}% (smoothed over {SMOOTH} evaluations)"
         )
+        made = shape.get("settings")
+        if made:
+            label = f"{made['label']}, " if made["label"] else ""
+            print(f"{label}made with: {made['made_with']}")
         print(
             f"{'rate':<10}{'method':<13}{'steps':>7}{'s to target':>12}{'predicted':>10}"
             f"{'s/step':>8}{'pred.':>8}{'err':>7}"
@@ -432,11 +558,39 @@ def print_summary(summary: dict[str, Any]) -> None:
             )
 
 
-def main() -> int:
-    params = yaml.safe_load(Path("params.yaml").read_text())
-    summary = summarise(params)
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.rates",
+        description="Time to accuracy over link rates, measured (bench.network's per-rate "
+        "files) and predicted by the planner's time model; no training.",
+    )
+    p.add_argument("--config", type=Path, default=Path("params.yaml"))
+    p.add_argument(
+        "--results", type=Path, default=RESULTS, help="where the network-*.json files are"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"the summary; its figure beside it as .png (default: RESULTS/{SUMMARY}.json, "
+        f"with --by-overrides RESULTS/{SUMMARY}-by-overrides.json)",
+    )
+    p.add_argument(
+        "--by-overrides",
+        action="store_true",
+        help="files made with different --set/--method-set values: one table per set of "
+        "them, labelled, instead of refusing",
+    )
+    a = p.parse_args(argv)
+    default = f"{SUMMARY}-by-overrides.json" if a.by_overrides else f"{SUMMARY}.json"
+    params = yaml.safe_load(a.config.read_text())
+    try:
+        summary = summarise(params, a.results, a.by_overrides, a.out or a.results / default)
+    except MixedOverrides as err:
+        print(f"bench.rates: {err}", file=sys.stderr)
+        return 2
     if summary is None:
-        print("no bench/results/network-*.json: run python -m bench.network first")
+        print(f"no {a.results}/network-*.json: run python -m bench.network first")
         return 1
     print_summary(summary)
     return 0

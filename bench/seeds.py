@@ -245,12 +245,13 @@ def verdict(summary: dict[str, Any], head: float | None, base: str, other: str) 
                 else "read it with that span in mind. "
             )
         )
-    text += (
-        f"Single-seed top-1 differences of the report smaller than about {noise:.1f} points "
-        "(its Δ top-1 columns) are within noise; the inter-node bytes do not depend on the "
-        "seed (identical at every seed above)."
-    )
-    return text
+        text += (
+            f"Single-seed top-1 differences of the report smaller than about {noise:.1f} "
+            "points (its Δ top-1 columns) are within noise. "
+        )
+    else:  # another configuration than the report's runs: its noise is its own
+        text += "These runs are not the report's configuration: their spread is their own. "
+    return text + "The inter-node bytes do not depend on the seed (identical at every seed above)."
 
 
 def report(
@@ -269,8 +270,9 @@ def report(
     summary = summarize(found, names[0], names[1])
     # which search result trained them: a study of another record is another configuration
     best = best_config(params()) if search_best else None
-    # the committed run is trained without the extra overrides: not the same quantity
-    head = None if extra else headline(HEADLINE, names[1])
+    # the committed run is trained with the search's values and without extra overrides: a
+    # study without those is another configuration, its gap not the same quantity
+    head = headline(HEADLINE, names[1]) if search_best and not extra else None
     data = dict(
         generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         command=cmd,

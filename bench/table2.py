@@ -21,6 +21,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from abtrain.files import atomic_write_text
+
 RUNS = ("vgg16-ddp", "vgg16-ab", "vit-ab")  # the baseline of a model is its ddp run
 # a supplementary run: VGG16 AB with the weight decay raised so that AdamW's cumulative
 # decay over this run, exp(-wd * sum lr), equals the paper's 15,000 steps (about 0.1)
@@ -366,7 +368,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.table2", description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default="runs/table2", help="folder of the run folders")
     ap.add_argument("--out", default="reports/table2", help="where table2.json/.png go")
     args = ap.parse_args(argv)
@@ -375,9 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no finished run (summary.json) under {args.runs}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "table2.json").write_text(json.dumps(data, indent=1) + "\n")
+    atomic_write_text(out / "table2.json", json.dumps(data, indent=1) + "\n")
     figure(data, out / "table2.png")
-    (out / "tables.md").write_text(markdown(data))
+    atomic_write_text(out / "tables.md", markdown(data))
     for name, r in data["runs"].items():
         print(
             f"{name:10s} {r['method']:4s} top1 best {r['val_top1_best']:.2f} final "

@@ -187,16 +187,47 @@ def run_overrides(
 
 def provenance(p: dict[str, Any], overrides: list[Override]) -> list[str]:
     """One line per value the run doesn't take from `train`: its source, and what it replaced
-    (so a value that lost to a later source shows where it went)."""
+    (so a value that lost to a later source shows where it went). Left out, since they change
+    nothing the run does: a value equal to all it replaces, and the settings of a part the
+    run's method lacks (ab.* without AB phases, powersgd.* without PowerSGD), counted in one
+    line. Only the printout: the run's overrides are `overrides`, whole."""
+    from abtrain import methods
+
     lines, seen = [], {}
     for o in overrides:
         seen.setdefault(o.key, []).append(o)
+    method = seen["method"][-1].value if "method" in seen else p["train"]["method"]
+    kind = methods.kind(method)
+    unused = {
+        "ab": None if kind.low_rank else "has no AB phases",
+        "powersgd": None if kind.compresses else "sends no PowerSGD factors",
+    }
+    skipped: dict[str, int] = {}
     for key, chain in seen.items():
         *lost, won = chain
+        section = key.split(".", 1)[0]
+        if "." in key and unused.get(section):
+            skipped[section] = skipped.get(section, 0) + 1
+            continue
         node: Any = p["train"]
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
+        value = _json(_read(won.value))
+        if all(_json(_read(o.value)) == value for o in lost) and _json(node) == value:
+            continue
         replaced = [f"{o.value} from {o.source}" for o in reversed(lost)]
         replaced.append(f"{json.dumps(node)} from train")
         lines.append(f"{key}={won.value}  <- {won.source}; replaces {', '.join(replaced)}")
+    for section, n in skipped.items():
+        lines.append(f"{section}.*: {n} not shown ({method} {unused[section]})")
     return lines
+
+
+def _read(text: str) -> Any:
+    """An override's value as the config reads it."""
+    return abconfig.parse_override(f"k={text}")[1]
+
+
+def _json(value: Any) -> str:
+    """For comparing values: 1 and 1.0, or 1 and true, count as different (print when unsure)."""
+    return json.dumps(value, sort_keys=True)

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 from abtrain.files import atomic_write_text
 from pipeline.common import RUNS, SEARCHES, params
 from search import record
@@ -77,8 +79,23 @@ def publish(out: Path, dest: Path) -> None:
     print(f"[pipeline] the search's record: {dest}", flush=True)
 
 
+def stage_line(p: dict, backend: str) -> str:
+    """Which of the pipeline's searches this is (dvc.yaml's list), and its budget."""
+    try:
+        backends = list(yaml.safe_load(Path("dvc.yaml").read_text())["stages"]["search"]["foreach"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        backends = []  # run outside the pipeline: no place to tell
+    s = p["search"]
+    place = f" {backends.index(backend) + 1} of {len(backends)}" if backend in backends else ""
+    return (
+        f"[pipeline] search{place}: {backend} ({s['evaluations']} evaluations on {s['ranks']} "
+        f"ranks, {s['ranks_per_worker']} per worker)"
+    )
+
+
 def main(backend: str) -> int:
     p = params()
+    print(stage_line(p, backend), flush=True)
     out = (RUNS / "search" / backend).resolve()  # messages name the folder in full
     args = ["--backend", backend, "--out", str(out)]
     if p["experiments"]["launcher"] == "slurm":

@@ -41,6 +41,12 @@ def checked(slurm: dict[str, Any], job_name: str) -> dict[str, Any]:
     directive and make the rest a command, or drop the directives after it), and counts
     are whole numbers."""
     out = dict(slurm)
+    if isinstance(slurm.get("time"), int | float):  # YAML 1.1 reads 12:00:00 as 43200 (s)
+        raise ValueError(
+            f"experiments.slurm.time: {slurm['time']!r} was read as a number (an unquoted "
+            "HH:MM:SS is seconds in YAML 1.1, which Slurm would take as minutes); write "
+            "days-hours:minutes:seconds, e.g. 0-00:30:00"
+        )
     named = [(f"experiments.slurm.{k}", slurm.get(k)) for k in ONE_LINE]
     for key, value in [*named, ("the run name", job_name)]:
         if value is not None and any(c < " " or c == "\x7f" for c in str(value)):

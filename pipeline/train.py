@@ -9,6 +9,7 @@ unfinished run is resumed; another config's is cleared.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -33,6 +34,18 @@ def best_config(p: dict) -> dict | None:
             f"(dvc repro search@{p['search']['backend']})"
         )
     return json.loads(path.read_text())
+
+
+def search_tags(p: dict) -> list[str]:
+    """MLflow tags naming the search record whose values the run takes: its backend, path
+    and a hash of its bytes (tags only: they change no number the run computes)."""
+    if not p["search"]["use_best"]:
+        return []
+    backend = p["search"]["backend"]
+    path = SEARCHES / backend / "best.json"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    tags = {"search_backend": backend, "search_record": str(path), "search_sha256": digest}
+    return [f"tracking.tags.{k}={json.dumps(v)}" for k, v in tags.items()]
 
 
 def scalars(result: dict[str, Any]) -> dict[str, float]:
@@ -80,13 +93,64 @@ def write_outputs(name: str, run: Run, cfg: abconfig.Config, summary: dict[str, 
     atomic_write_text(PLOTS / f"{name}.json", json.dumps(curve(name, result), indent=2))
 
 
+def stage_line(matrix: dict[str, Run], name: str, steps: str) -> str:
+    """Which run of the matrix this is (its place in experiments.runs), its shape and length."""
+    run = matrix[name]
+    return (
+        f"[pipeline] train run {list(matrix).index(name) + 1} of {len(matrix)}: {name} "
+        f"({run.nodes} nodes x {run.ranks_per_node} ranks, {steps} steps)"
+    )
+
+
+def finished_summary(p: dict, run: Run, best: dict | None) -> dict | None:
+    """The summary of `run`'s folder if it holds a finished run of the run's config as it is
+    now (tracking settings aside: they change no result), else None."""
+    folder = RUNS / "train" / run.name
+    try:
+        saved = json.loads((folder / "config.json").read_text())
+        summary = json.loads((folder / "summary.json").read_text())
+        now = abconfig.from_dict(p["train"], [o.text for o in resolve(p, run, best)]).dump()
+    except (OSError, ValueError):  # missing or unreadable files; a config that fails later
+        return None
+    saved.pop("tracking", None)
+    now.pop("tracking", None)
+    return summary if saved == now else None
+
+
+def runs_left(p: dict, matrix: dict[str, Run], name: str, best: dict | None) -> str:
+    """How many runs of the matrix are not finished yet, this one included, and the time they
+    take at the pace of those finished (their mean training time): no estimate without one."""
+    walls = [
+        s["wall_seconds"]
+        for other, run in matrix.items()
+        if other != name and (s := finished_summary(p, run, best)) is not None
+    ]
+    left = len(matrix) - len(walls)
+    head = f"[pipeline] runs of the matrix not finished: {left} (this one included)"
+    if not walls:
+        return f"{head}; no finished run yet to estimate their time from"
+    mean = sum(walls) / len(walls)
+    return (
+        f"{head}, about {duration(left * mean)} of training (launches not counted) at the "
+        f"pace of the {len(walls)} finished ({duration(mean)} each on average)"
+    )
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
 def main(name: str) -> int:
     p = params()
     matrix = runs(p)
     if name not in matrix:
         raise SystemExit(f"experiments.runs has no run named {name!r}")
     run = matrix[name]
-    resolved = resolve(p, run, best_config(p))
+    best = best_config(p)
+    resolved = resolve(p, run, best)
+    steps = next(o.value for o in reversed(resolved) if o.key == "steps")
+    print(stage_line(matrix, name, steps), flush=True)
+    print(runs_left(p, matrix, name, best), flush=True)
     # the values a user set and the ones that replaced them, in the stage's log
     print(f"[pipeline] {name}: values not taken from `train` (a later source wins):", flush=True)
     for line in provenance(p, resolved):
@@ -97,6 +161,7 @@ def main(name: str) -> int:
         f"tracking.run_name={json.dumps(name)}",
         f"tracking.tags.scale={json.dumps(f'{run.nodes}x{run.ranks_per_node}')}",
         f"tracking.tags.batch={json.dumps(run.batch)}",
+        *search_tags(p),
     ]
     out = RUNS / "train" / name
     saved = out / "config.json"

@@ -284,9 +284,36 @@ class SearchRuns:
         self.client.set_terminated(run_id, status=status)
 
     def finish_parent(self, run_id: str, best: dict[str, Any] | None) -> None:
+        """The search's outcome on its run: the best error, the best child's values as
+        `best.<key>` tags (tags: a resumed search may find another best), and a link to it."""
         if self.client is None or not run_id:
             return
         if best:
             self.client.log_metric(run_id, "best_error", best["error"])
             self.client.log_metric(run_id, "median_error", best["median_error"])
+            tags = {f"best.{k}": str(v) for k, v in best["params"].items()}
+            tags["best.id"] = best["id"]
+            tags["best.overrides"] = " ".join(best["overrides"])
+            child = self.best_child(run_id, best["id"])
+            if child:
+                link = f"#/experiments/{self.experiment_id}/runs/{child}"
+                tags["best.run_id"] = child
+                tags["mlflow.note.content"] = (
+                    f"Best: {best['id']}, error {best['error']:.2f}% (median "
+                    f"{best['median_error']:.2f}% of {best['evaluations']} evaluations): "
+                    f"[its run]({link}). Values: {tags['best.overrides']}"
+                )
+            for k, v in tags.items():
+                self.client.set_tag(run_id, k, v[:5000])
         self.client.set_terminated(run_id, status="FINISHED")
+
+    def best_child(self, parent: str, name: str) -> str | None:
+        """The child run of `name` under `parent`: its finished one, the latest if an
+        individual was evaluated again after a resume."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            f"tags.mlflow.parentRunId = '{parent}' and attributes.run_name = '{name}'",
+            order_by=["attributes.start_time DESC"],
+        )
+        finished = [r for r in runs if r.info.status == "FINISHED"] or runs
+        return finished[0].info.run_id if finished else None

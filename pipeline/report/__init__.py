@@ -29,6 +29,7 @@ from pipeline.report.tables import REPORTS
 
 def main() -> int:
     p = params()
+    print(f"[pipeline] report: tables and figures of the {len(runs(p))} runs of the matrix")
     REPORTS.mkdir(exist_ok=True)
     done = tables.load_runs(p)
     missing = [n for n in runs(p) if n not in done]
@@ -39,12 +40,14 @@ def main() -> int:
     tables.write_metrics(tables.vs_ddp(done))
     atomic_write_text(REPORTS / "curves.json", json.dumps(tables.curves(done), indent=2))
     paper = json.loads(page.PAPER.read_text())
-    pics = figures.figures(done, p) if done else []
+    studies = tables.seed_studies(p)
+    glance = figures.verdict_figure(done, studies) if done else None
+    pics = figures.figures(done, p, studies) if done else []
     pics += figures.curve_figures()  # from reports/curves.json, written above
     folders = tables.search_folders()
     searched, search_pics = figures.search_comparison(folders) if folders else ([], [])
     search = (folders, searched, search_pics)
-    md = page.assemble(p, paper, done, missing, acc, t1, t2, pics, search)
+    md = page.assemble(p, paper, done, missing, acc, t1, t2, pics, search, glance)
     atomic_write_text(REPORTS / "README.md", md)
     atomic_write_text(readme.HEADLINE, readme.headline(p, acc, t1))
     print(f"[pipeline] report: {len(done)} runs, {len(missing)} missing -> {REPORTS / 'README.md'}")

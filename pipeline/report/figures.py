@@ -25,12 +25,16 @@ def in_scheme(s: dict, scheme: str, p: dict) -> bool:
     return s["run"]["global_batch"] == p["experiments"]["reference_global_batch"]
 
 
-def figures(done: dict[str, dict], p: dict) -> list[tuple[str, str]]:
+def figures(
+    done: dict[str, dict], p: dict, studies: list[dict[str, Any]] | None = None
+) -> list[tuple[str, str]]:
     """The matplotlib figures, as (file under reports/, caption). Each method in its colour
     and marker of pipeline.style, as in every other figure; the points of one rank count
     spread a little sideways, so that equal values do not hide one another; one legend per
-    figure, outside the panels."""
+    figure, outside the panels. `studies` (tables.seed_studies) put error bars on the
+    best top-1 of the runs a seed study made with the runs' own values covers."""
     made = []
+    seeds = study_top1(studies or [])
     methods = style.ordered(s["method"] for s in done.values())
     dodge = style.offsets(methods, 0.05)  # in ranks; the ticks stay at the rank counts
     reference = p["experiments"]["reference_global_batch"]
@@ -100,6 +104,14 @@ def figures(done: dict[str, dict], p: dict) -> list[tuple[str, str]]:
                     ring["zorder"] -= 1
                     ax.plot(*zip(*final), **ring, ls="--")
                     ax.plot(*zip(*best), **style.marker(m))
+            for s in done.values():
+                if s["run"]["name"] in seeds and in_scheme(s, scheme, p):
+                    sd = seeds[s["run"]["name"]]["std"]
+                    x = s["world_size"] + dodge[s["method"]]
+                    colour = style.COLOURS.get(s["method"], "black")
+                    ax.errorbar(
+                        x, s["val_top1"]["best"], yerr=sd, fmt="none", ecolor=colour, capsize=3
+                    )
             ax.set(title=titles[scheme], xlabel="ranks (world size)", ylabel="validation top-1 (%)")
             ranks_axis(ax, scheme)
             ax = axes[row, 1]
@@ -135,13 +147,86 @@ def figures(done: dict[str, dict], p: dict) -> list[tuple[str, str]]:
             "batch grows with the ranks); bottom row: runs at constant global batch "
             f"({reference} split over the ranks). Left: validation top-1 at its best "
             "evaluation (solid line, filled marker) and at the last one (dashed line, open "
-            "ring: around the filled marker where the two are equal) "
+            "ring: around the filled marker where the two are equal), with an error bar of ± "
+            "the sample sd of that run's best top-1 over its seed study where one is made with "
+            "the runs' own values (`reports/seeds-best-*`; one seed each otherwise) "
             "against the number of ranks; right: the model's compression at the end "
             "(parameters of the full model over those of the trained one; ddp is 1:1 by "
             "definition). Above the dotted 1:1 line AB's factors are smaller than the weights "
             "they replace; below it they are larger.",
         )
     return made
+
+
+def study_top1(studies: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Best top-1 over seeds (`mean`, `std`, `n`) of every run that a seed study made with
+    the runs' own values (tables.seed_studies: `matches`) covers, by run name."""
+    out: dict[str, dict[str, float]] = {}
+    for study in studies:
+        if study["matches"]:
+            for name, m in study["data"]["summary"]["methods"].items():
+                if m["best_top1"].get("std") is not None:
+                    out.setdefault(name, m["best_top1"])
+    return out
+
+
+def verdict_figure(done: dict[str, dict], studies: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """The verdict at a glance: at the scale with the most methods, each method's best top-1
+    (mean ± sd over its seed study where one matches the runs, else its one run, open)
+    against its inter-node bytes over DDP's. None without a ddp run to compare with."""
+    shapes: dict[tuple, list[dict]] = {}
+    for s in done.values():
+        key = (s["run"]["nodes"], s["run"]["ranks_per_node"], s["run"]["batch"])
+        shapes.setdefault(key, []).append(s)
+    (nodes, ranks, batch), group = max(
+        shapes.items(), key=lambda kv: (len({s["method"] for s in kv[1]}), kv[0])
+    )
+    ddp = next((s for s in group if s["method"] == "ddp"), None)
+    if ddp is None:
+        return None
+    seeds = study_top1(studies)
+    name = "verdict.png"
+    with style.matplotlib_defaults() as plt:
+        fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
+        for s in sorted(group, key=lambda s: style.rank(s["method"])):
+            x = per_step(s) / per_step(ddp)
+            m, run = s["method"], s["run"]["name"]
+            if run in seeds:
+                y, sd, n = seeds[run]["mean"], seeds[run]["std"], seeds[run]["n"]
+                ax.errorbar(x, y, yerr=sd, capsize=4, **style.marker(m))
+                label = f"{m}\n{y:.1f} ± {sd:.1f} ({n} seeds)"
+            else:
+                y = s["val_top1"]["best"]
+                ax.plot(x, y, **style.marker(m, filled=False))
+                label = f"{m}\n{y:.1f} (1 seed)"
+            ax.annotate(
+                label,
+                (x, y),
+                xytext=(8, 0),
+                textcoords="offset points",
+                fontsize=8,
+                va="center",
+                color=style.COLOURS.get(m, "black"),
+            )
+        ax.set_xscale("log")
+        ax.set_xticks([0.05, 0.1, 0.2, 0.5, 1.0], labels=["0.05", "0.1", "0.2", "0.5", "1"])
+        ax.set_xlim(0.05, 2.0)
+        ax.grid(alpha=0.3)
+        ax.set(
+            xlabel="inter-node bytes per rank, over DDP's (log scale; left is less traffic)",
+            ylabel="best validation top-1 (%)",
+            title=f"{nodes} nodes × {ranks} ranks, {batch} batch: accuracy against traffic",
+        )
+        FIGURES.mkdir(parents=True, exist_ok=True)
+        style.save(fig, FIGURES / name, dpi=100)
+    return (
+        f"figures/{name}",
+        f"Each method at {nodes} nodes × {ranks} ranks: best validation top-1 against the "
+        "inter-node bytes it sends, over DDP's. Filled with an error bar: mean ± sample sd "
+        "over a seed study made with the runs' own values (`reports/seeds-best-*`); open: "
+        "the matrix's one run, no study. Up and to the left is better: more accuracy for "
+        "less traffic.",
+    )
 
 
 CURVE_CAPTIONS = {

@@ -10,7 +10,10 @@ def accuracy_notes(rows: list[dict[str, Any]], noise: float | None) -> list[str]
     out = [
         "Best: the highest of the run's evaluations; final: its last (the end of the run). "
         "Δ: the run minus the ddp run of the same scale and batch scheme, in percentage "
-        "points (negative: below ddp); ddp rows have no Δ, they are the reference."
+        "points (negative: below ddp); ddp rows have no Δ, they are the reference. Over "
+        "seeds: the same Δ as mean ± sample sd over the seeds of a seed study made with the "
+        "runs' own values (`reports/seeds-best-*`, `python -m bench.seeds --search-best`), "
+        "where one pairs the run with ddp."
     ]
     if any(r["diff_best"] is not None and r["diff_best"] < 0 for r in rows):
         out.append(

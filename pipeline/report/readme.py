@@ -56,6 +56,9 @@ def headline(
             "clone's `dvc repro` gives these tables back exactly; "
             f"`dvc repro --force --downstream search@{p['search']['backend']}` reruns it."
         )
+    glance = REPORTS / "figures" / "verdict.png"  # figures.verdict_figure, drawn before this
+    if top and glance.exists():
+        top = [*top, "", f"![the verdict at a glance]({glance.as_posix()})"]
     out = [*top, "", *lines] if top else lines
     return "\n".join(out) + "\n" + ("\n" + " ".join(text) + "\n" if text else "")
 

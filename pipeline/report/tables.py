@@ -19,6 +19,7 @@ from abtrain import config as abconfig
 from abtrain import schedule
 from abtrain.files import atomic_write_text
 from pipeline.common import RUNS, SEARCHES, runs
+from pipeline.train import scalars
 
 REPORTS = Path("reports")
 METRICS = REPORTS / "metrics"
@@ -50,13 +51,20 @@ def per_step(s: dict) -> float:
 
 
 def vs_ddp(done: dict[str, dict]) -> dict[str, dict[str, float]]:
-    """reports/metrics/NAME.json: inter-node bytes per step over the ddp run's of the same
-    scale and batch scheme (runs without such a ddp run are left out)."""
+    """reports/metrics/NAME.json, the one DVC metrics file of each run: its own figures (those
+    of metrics/NAME.json) and, against the ddp run of the same scale and batch scheme, its
+    inter-node bytes per step as a ratio (`vs_ddp`) and its best top-1 as a difference in
+    points (`top1_best_vs_ddp`), so `dvc metrics show` gives one row per run (runs without
+    such a ddp run are left out)."""
     out = {}
     for name, s in done.items():
         base = baseline(done, s)
         if base is not None:
-            out[name] = {"vs_ddp": round(per_step(s) / per_step(base), 6)}
+            out[name] = {
+                **scalars(s),
+                "vs_ddp": round(per_step(s) / per_step(base), 6),
+                "top1_best_vs_ddp": round(s["val_top1"]["best"] - base["val_top1"]["best"], 4),
+            }
     return out
 
 

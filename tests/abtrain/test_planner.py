@@ -226,3 +226,15 @@ def test_paper_scale_rates_are_gb_per_s_of_the_stated_model():
         )
         assert r["rate_ratio"] > r["bytes_ratio"]
         assert r["paper_ratio"] is not None
+        # the band over compute rate and ports: its central point is the row's own ratio,
+        # and the ratio rises as the network takes more of DDP's step (faster compute,
+        # fewer ports), staying above the bytes ratio
+        band = {(b["utilisation"], b["ports"]): b["rate_ratio"] for b in r["rate_ratio_band"]}
+        central = [b for b in r["rate_ratio_band"] if b["central"]]
+        assert len(central) == 1 and central[0]["rate_ratio"] == pytest.approx(r["rate_ratio"])
+        assert band[0.2, 2] < band[0.2, 1] < band[0.6, 1]
+        assert band[0.2, 2] < band[0.6, 2] < band[0.6, 1]
+        assert r["rate_ratio_band_min"] == min(band.values()) > r["bytes_ratio"]
+        assert r["rate_ratio_band_max"] == max(band.values())
+        inside = r["rate_ratio_band_min"] <= r["paper_ratio"] <= r["rate_ratio_band_max"]
+        assert r["paper_ratio_in_band"] == inside

@@ -1,6 +1,7 @@
 """MLflow for real: a SQLite store read back through MLflow's API, and its UI in Chromium."""
 
 import csv
+import hashlib
 import html
 import json
 import os
@@ -230,6 +231,7 @@ def test_final_model_is_logged_with_a_signature_and_loads(tracked):
     models = client.search_logged_models([exp])
     assert [m.source_run_id for m in models] == [runs["ab"].info.run_id]  # not ddp's
     (model,) = models
+    assert model.name == runs["ab"].info.run_name == "ab-mlp-synthetic-2x1-b16"
     assert model.artifact_location.startswith((d / "mlartifacts").as_uri())
     mlflow.set_tracking_uri(uri)
     uri_ = f"models:/{model.model_id}"
@@ -346,14 +348,35 @@ def test_mlflow_ui_lists_the_runs_and_compares_ddp_with_ab_in_headless_chromium(
             assert run.info.run_name in text  # the runs table lists both by name
         assert "python -m abtrain train" in text  # the source column
 
+        # the runs table's key figures, from the experiment's saved view (abtrain's link)
+        from abtrain.mlflow_ui import KEY_FIGURES, key_figures_link
+
+        text = visible_text(chrome(f"{url}/{key_figures_link(exp)}", "--dump-dom"))
+        assert "Key figures" in text and "You're viewing a shared view" in text
+        header = text.split("Metrics", 1)[1]
+        assert header.index(KEY_FIGURES[0]) < header.index(KEY_FIGURES[1])  # in its order
+        for run in runs.values():  # each run's row of figures (the names sit apart)
+            s = summary(d / run.data.tags["method"])
+            figures = [
+                s["val_top1"]["best"],
+                s["val_top1"]["final"],
+                s["traffic"]["inter_node_bytes_per_step"] / 1e6,
+            ]
+            row = " ".join(repr(float(v)).removesuffix(".0") for v in figures)  # as JS writes
+            assert run.info.run_name in text and f" {row} " in text, row
+        chrome(f"{url}/{key_figures_link(exp)}", f"--screenshot={d / 'mlflow-runs.png'}")
+        shutil.copy(d / "mlflow-runs.png", Path(tempfile.gettempdir()) / "abtrain-mlflow-runs.png")
+
         ids = [runs["ddp"].info.run_id, runs["ab"].info.run_id]
         query = urllib.parse.urlencode(
             {"runs": json.dumps(ids), "experiments": json.dumps([exp])},
             quote_via=urllib.parse.quote,
         )
-        page = f"{url}/#/compare-runs?{query}"
+        page = f"{url}/#/compare-runs?{query}&workflowType=machine_learning"
         text = visible_text(chrome(page, "--dump-dom"))
         assert "Comparing 2 Runs" in text
+        # the first plot's metric is the first a run logged: top-1, not CPU utilisation
+        assert text.split("Metrics:", 1)[1].split("Clear All", 1)[0].strip() == "val_top1"
         rows = compare_rows(text, 2)
         for key, figure in (
             (
@@ -379,3 +402,119 @@ def test_mlflow_ui_lists_the_runs_and_compares_ddp_with_ab_in_headless_chromium(
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
+
+
+def test_logged_model_names_follow_the_run_and_pass_mlflows_check():
+    from mlflow.utils.validation import _validate_logged_model_name
+
+    from abtrain.tracking import model_name
+
+    for run, want in (
+        ("ab-2x2", "ab-2x2"),
+        ("ab-mlp-synthetic-2x1-b16", "ab-mlp-synthetic-2x1-b16"),
+        ("ab-2x2 (lucid-bass)", "ab-2x2-(lucid-bass)"),
+        ("lr=0.01/b:32 'x'", "lr=0-01-b-32-x"),
+    ):
+        assert model_name(run) == want
+        _validate_logged_model_name(model_name(run))  # raises on a name MLflow refuses
+
+
+def test_experiment_carries_a_key_figures_view_of_metrics_the_runs_log(tmp_path):
+    """The runs table's columns come from the saved view, an experiment tag; its metrics
+    are ones a training run (final_metrics) or a search's parent (best_error) logs."""
+    from abtrain.mlflow_ui import KEY_FIGURES, KEY_FIGURES_VIEW, key_figures_link
+    from abtrain.results import final_metrics
+    from abtrain.tracking import experiment_id
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = experiment_id(client, "abtrain", uri)
+    tag = f"mlflow.sharedViewState.{KEY_FIGURES_VIEW}"
+    view = json.loads(client.get_experiment(exp).tags[tag])
+    assert view["name"] == "Key figures" and isinstance(view["createdAt"], int)
+    state = json.loads(view["state"])
+    assert (
+        state["selectedColumns"] == state["columnOrder"] == [f"metrics.`{k}`" for k in KEY_FIGURES]
+    )
+    logged = set(final_metrics(_summary_like())) | {"best_error"}
+    assert set(KEY_FIGURES) <= logged
+    assert key_figures_link(exp) == (
+        f"#/experiments/{exp}/runs?viewStateShareKey={KEY_FIGURES_VIEW}"
+        "&workflowType=machine_learning"
+    )
+    # a view the user overwrote in the UI stays theirs; an older experiment gets one
+    client.set_experiment_tag(exp, tag, "edited")
+    assert experiment_id(client, "abtrain", uri) == exp
+    assert client.get_experiment(exp).tags[tag] == "edited"
+    old = client.create_experiment("older")
+    experiment_id(client, "older", uri)
+    assert json.loads(client.get_experiment(old).tags[tag])["name"] == "Key figures"
+
+
+def _summary_like() -> dict:
+    """The keys final_metrics reads, as summary.json has them."""
+    return dict(
+        traffic=dict(inter_node_bytes=8e6, inter_node_bytes_per_step=2e5, intra_node_bytes=0),
+        val_top1=dict(best=30.5, final=29.0),
+        compression_ratio=0.7,
+        wall_seconds=61.0,
+        epochs=1.5,
+        time=dict(share=dict(compute=0.8, comm=0.2)),
+    )
+
+
+def test_a_training_run_records_its_search_record_and_what_tells_it_apart(tmp_path, monkeypatch):
+    """pipeline/train.py's tags for the search record the run takes its values from, and
+    DVC's experiment, reach a run in a real store; a run of a name already there gets the
+    experiment's name after it; the first metrics lead with an evaluation's top-1."""
+    from abtrain import config
+    from abtrain.tracking import Tracker, run_tags
+    from pipeline.train import search_tags
+    from tests.conftest import PARAMS, TINY
+
+    record = tmp_path / "results" / "search" / "optuna" / "best.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"id": "t3", "error": 48.0}))
+    monkeypatch.chdir(tmp_path)
+    sets = search_tags({"search": {"use_best": ["optim.lr"], "backend": "optuna"}})
+    assert search_tags({"search": {"use_best": [], "backend": "optuna"}}) == []
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = ["tracking.enabled=true", f"tracking.uri={uri}", "tracking.run_name=ab-2x2"]
+    cfg = config.load(PARAMS, [*TINY, *tracking, *sets])
+    plain = config.load(PARAMS, [*TINY, *tracking])
+    assert cfg.model_dump(exclude={"tracking"}) == plain.model_dump(exclude={"tracking"})
+    where = dict(world_size=2, nodes=2, ranks_per_node=1)
+
+    def start(name: str) -> Tracker:
+        tracker = Tracker(cfg, active=True, out=tmp_path)
+        tracker.start(cfg, run_tags(cfg, where, 32, tmp_path), None, name)
+        return tracker
+
+    first = start("ab-2x2")
+    first.metrics(0, {"loss": 2.3, "lr": 0.1})
+    first.metrics(10, {"loss": 2.1, "lr": 0.1, "val_loss": 2.0, "val_top1": 21.5})
+    assert first._monitor is None  # system metrics wait for the run's own
+    first.flush()
+    assert first._monitor is not None
+    first.finish("FINISHED")
+    run = first.client.get_run(first.run_id)
+    t = run.data.tags
+    digest = hashlib.sha256(record.read_bytes()).hexdigest()[:16]
+    assert (t["search_backend"], t["search_sha256"]) == ("optuna", digest)
+    assert t["search_record"] == "results/search/optuna/best.json"
+    assert list(run.data.metrics)[:3] == ["val_top1", "val_loss", "loss"]
+    assert run.info.run_name == "ab-2x2" and "dvc.experiment" not in t
+
+    # `dvc exp run` again: the stage's environment names the experiment
+    monkeypatch.setenv("DVC_STAGE", "train@ab-2x2")
+    monkeypatch.setenv("DVC_EXP_NAME", "lucid-bass")
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", "0123456789abcdef")
+    second = start("ab-2x2")
+    second.finish("FINISHED")
+    run = second.client.get_run(second.run_id)
+    t = run.data.tags
+    assert run.info.run_name == "ab-2x2 (lucid-bass)"
+    assert (t["dvc.experiment"], t["dvc.stage"]) == ("lucid-bass", "train@ab-2x2")
+    note = t["mlflow.note.content"]
+    assert "DVC experiment lucid-bass (from commit 0123456789ab)" in note
+    assert t["git_commit"][:12] in note

@@ -86,8 +86,8 @@ def test_each_run_is_announced_as_it_starts_and_finishes(tmp_path, monkeypatch, 
     """The benchmark takes minutes per run: each one says which of how many, and the ETA."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(network, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr(network, "plot", lambda: None)
-    monkeypatch.setattr(network, "summarise", lambda config: None)
+    monkeypatch.setattr(network, "plot", lambda results=None: None)
+    monkeypatch.setattr(network, "summarise", lambda config, results=None: None)
     clock = iter(range(0, 10_000, 60))  # every look at the clock: a minute later
     monkeypatch.setattr(network.time, "monotonic", lambda: float(next(clock)))
 

@@ -85,8 +85,8 @@ def test_the_summary_and_its_figure_are_written(tmp_path):
 def test_one_command_runs_every_shape_rate_and_method(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(network, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr(network, "plot", lambda: None)
-    monkeypatch.setattr(network, "summarise", lambda config: None)
+    monkeypatch.setattr(network, "plot", lambda results=None: None)
+    monkeypatch.setattr(network, "summarise", lambda config, results=None: None)
     seen = []
 
     def fake_run(method, rate, a, work):

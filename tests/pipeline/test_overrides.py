@@ -67,6 +67,73 @@ def test_every_overridden_value_names_its_source_and_what_it_replaced():
     assert any(line.startswith("ab.warmup_steps=") and "search best" in line for line in lines)
 
 
+def test_a_value_equal_to_all_it_replaces_prints_no_line():
+    p, lr = copy.deepcopy(P), P["train"]["optim"]["lr"]
+    run = common.runs(p)["ab-2x2"]
+    for value, shown in ((lr, False), (lr * 2, True)):
+        p["experiments"]["set"] = [f"optim.lr={value}"]
+        resolved = common.resolve(p, run, None, size=SIZE)
+        assert f"optim.lr={value}" in [o.text for o in resolved]  # the run takes it either way
+        lines = common.provenance(p, resolved)
+        assert any(line.startswith("optim.lr=") for line in lines) == shown
+    # one that replaces another value on the way (the search's) is printed
+    p["experiments"]["set"] = [f"optim.lr={lr}"]
+    lines = common.provenance(p, common.resolve(p, run, best(lr * 3), size=SIZE))
+    want = f"optim.lr={lr}  <- experiments.set; replaces {lr * 3} from search best (propulate)"
+    assert any(line.startswith(want) for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("name", "ab", "psgd"),
+    [("ddp-2x2", False, False), ("psgd-2x2", False, True), ("ab-2x2", True, False)],
+)
+def test_settings_of_a_part_the_method_lacks_are_counted_not_listed(name, ab, psgd):
+    p = copy.deepcopy(P)
+    rank = P["train"]["powersgd"]["rank"] + 1
+    p["experiments"]["set"] = [f"powersgd.rank={rank}"]
+    run = common.runs(p)[name]
+    resolved = common.resolve(p, run, best(0.003), size=SIZE)
+    lines = common.provenance(p, resolved)
+    assert any(line.startswith("ab.warmup_steps=") for line in lines) == ab
+    assert any(line.startswith("powersgd.rank=") for line in lines) == psgd
+    assert any(line.startswith("ab.*: ") for line in lines) != ab
+    assert any(line.startswith("powersgd.*: 1 not shown") for line in lines) != psgd
+    # only the printout: the run trains with every value
+    cfg = trained(p, name, best(0.003))
+    assert cfg.powersgd.rank == rank and cfg.ab.warmup_steps == round(0.3 * cfg.steps)
+
+
+def test_the_runs_left_are_timed_at_the_pace_of_the_finished_ones(tmp_path, monkeypatch):
+    import json
+
+    from pipeline import train
+
+    p, matrix = copy.deepcopy(P), common.runs(P)
+    monkeypatch.chdir(tmp_path)  # runs/ and the prepared data's meta.json, made up here
+    meta = tmp_path / P["train"]["data"]["prepared"] / "meta.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"counts": {"train": {"a": SIZE}}}))
+    assert train.runs_left(p, matrix, "ab-2x2", None).endswith(
+        "no finished run yet to estimate their time from"
+    )
+    walls = {"ddp-2x2": 100.0, "psgd-2x2": 200.0}
+    for name, wall in walls.items():
+        folder = tmp_path / "runs" / "train" / name
+        folder.mkdir(parents=True)
+        cfg = abconfig.from_dict(p["train"], common.run_overrides(p, matrix[name], None))
+        (folder / "config.json").write_text(json.dumps(cfg.dump()))
+        (folder / "summary.json").write_text(json.dumps({"wall_seconds": wall}))
+    left = len(matrix) - len(walls)
+    mean = sum(walls.values()) / len(walls)
+    assert train.runs_left(p, matrix, "ab-2x2", None) == (
+        f"[pipeline] runs of the matrix not finished: {left} (this one included), about "
+        f"{train.duration(left * mean)} of training (launches not counted) at the pace of the "
+        f"2 finished ({train.duration(mean)} each on average)"
+    )
+    p["train"]["optim"]["lr"] *= 2  # the folders hold another config's runs: not finished
+    assert f"not finished: {len(matrix)} " in train.runs_left(p, matrix, "ab-2x2", None)
+
+
 @pytest.mark.parametrize(
     ("sets", "named"),
     [

@@ -134,15 +134,28 @@ def test_the_report_gives_absolute_top1_and_explains_its_odd_values(reported):
     assert "accuracy_loss_compression_vs_batch" not in md and "plots_template" not in md
 
 
-def test_metrics_hold_each_runs_bytes_per_step_against_its_ddp_run(reported):
+def test_metrics_hold_each_runs_figures_and_its_ratio_to_its_ddp_run(reported):
+    """One metrics file per run holding all its figures: `dvc metrics show` gives one row
+    per run, the run's own numbers beside its ratio and difference to ddp."""
     repo, names, _ = reported
     folder = repo / "reports" / "metrics"
     metrics = {f.stem: json.loads(f.read_text()) for f in folder.glob("*.json")}
     assert sorted(metrics) == sorted(names)
+    ddp = {n: m for n, m in metrics.items() if n.startswith("ddp")}
     for name, m in metrics.items():
-        assert list(m) == ["vs_ddp"]
+        assert set(m) == {
+            "top1_best",
+            "top1_final",
+            "inter_node_mb_per_step",
+            "compression",
+            "wall_minutes",
+            "vs_ddp",
+            "top1_best_vs_ddp",
+        }
         want = {"ddp": 1.0, "ab": 0.4, "abng": 0.7, "psgd": 0.1, "abps": 0.09}[name.split("-")[0]]
         assert m["vs_ddp"] == pytest.approx(want)
+        base = ddp["ddp-" + name.split("-", 1)[1]]
+        assert m["top1_best_vs_ddp"] == pytest.approx(m["top1_best"] - base["top1_best"])
 
 
 def test_the_rendered_curves_show_every_run(reported):

@@ -156,6 +156,58 @@ def test_search_is_killed_resumed_and_leaves_best_config_and_mlflow_runs(tmp_pat
     assert all(key in c.data.tags and "worker" in c.data.tags for c in children)
     assert client.get_metric_history(done[0].info.run_id, "val_error")
     assert set(done[0].data.params) == set(space.load(_search_raw()).space)
+    # the parent names the best child, its values and its error
+    t = parents[0].data.tags
+    best_run = client.get_run(t["best.run_id"])
+    assert best_run.info.run_name == best["id"] == t["best.id"]
+    assert best_run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+    assert {k: t[f"best.{k}"] for k in best["params"]} == {
+        k: str(v) for k, v in best["params"].items()
+    }
+    assert parents[0].data.metrics["best_error"] == best["error"]
+    assert f"runs/{t['best.run_id']})" in t["mlflow.note.content"]
+
+
+def test_the_parent_run_names_its_best_child_with_its_values_and_a_link(tmp_path):
+    """The MLflow side of a search's end, on a real SQLite store: three children (one of
+    them evaluated again after a resume, as Propulate can), then the best."""
+    from search.objective import Outcome
+
+    out = tmp_path / "search"
+    out.mkdir()
+    runs = record.SearchRuns(f"sqlite:///{tmp_path / 'mlflow.db'}", "abtrain", True)
+    parent = runs.parent("search-optuna", {"backend": "optuna"}, None)
+    ids = {}
+    for tag, error, lr in (("t0", 61.5, 0.01), ("t1", 48.25, 0.003), ("t1", 48.0, 0.003)):
+        hp = {"optim.lr": lr, "ab.warmup_steps": 12}
+        ids.setdefault(tag, []).append(runs.child(parent, tag, {"trial": tag[1]}, hp))
+        outcome = Outcome(error=error, status="ok", errors=[70.0, error])
+        record.append_evaluation(
+            out,
+            dict(
+                backend="optuna",
+                id=tag,
+                params=hp,
+                overrides=[f"optim.lr={lr}"],
+                error=error,
+                status="ok",
+                errors=outcome.errors,
+            ),
+        )
+        runs.finish_child(ids[tag][-1], outcome)
+    best = record.write_best(out)
+    runs.finish_parent(parent, best)
+
+    run = runs.client.get_run(parent)
+    t = run.data.tags
+    assert best["id"] == t["best.id"] == "t1" and best["error"] == 48.0
+    assert t["best.run_id"] == ids["t1"][-1]  # the latest of the two
+    assert (t["best.optim.lr"], t["best.ab.warmup_steps"]) == ("0.003", "12")
+    assert t["best.overrides"] == "optim.lr=0.003"
+    assert run.data.metrics["best_error"] == 48.0
+    link = f"#/experiments/{run.info.experiment_id}/runs/{ids['t1'][-1]}"
+    assert link in t["mlflow.note.content"] and "48.00%" in t["mlflow.note.content"]
+    assert run.info.status == "FINISHED"
 
 
 @pytest.mark.multiprocess
