@@ -48,7 +48,7 @@ from bench.planner import measured_mean, rate_bytes_per_s
 RESULTS = Path("bench/results")
 BASE_SHAPE = (2, 2)  # its per-rate files keep the plain name network-<rate>.json
 SUMMARY = "network-rates"
-CLASSES = 10  # CIFAR-10, for results files written before they recorded it
+CLASSES = 10  # CIFAR-10, for results files that don't record it (older, or no prepared data)
 GRID = (20e6 / 8, 10e9 / 8)  # bytes/s: the rates the model's curves and crossovers span
 SMOOTH = 2  # evaluations averaged
 RULES = dict(
@@ -231,7 +231,7 @@ class Model:
         self, params: dict, bench: dict, free: dict, method: str, target_step: float
     ) -> None:
         nodes, ranks = bench["nodes"], bench["ranks_per_node"]
-        classes = bench.get("classes", CLASSES)
+        classes = bench.get("classes") or CLASSES  # None: written where data wasn't prepared
         cfg = _cfg(params, bench, method)
         self.ranks = ranks
         self.full = plan(cfg, nodes, ranks, classes)

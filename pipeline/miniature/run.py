@@ -46,8 +46,20 @@ def working_copy(dest: Path) -> None:
     git = ["git", "-c", "user.email=paper-mini@localhost", "-c", "user.name=paper-mini"]
     for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "paper profile in miniature"]):
         subprocess.run(git + cmd, cwd=dest, check=True)
+    freeze_planner(dest)
     if (ROOT / ".venv").is_dir():
         (dest / ".venv").symlink_to(ROOT / ".venv")  # `source .venv/bin/activate` in jobs
+
+
+def freeze_planner(repo: Path) -> None:
+    """The planner stage predicts the paper's own scale and checks its model against the
+    committed benchmark: a miniature's smaller `train` would only make it predict for a
+    model nobody benchmarked (and cost a minute). Frozen, its committed planner.json stays
+    what the report reads."""
+    dvc = Path(sys.executable).with_name("dvc")
+    subprocess.run(
+        [str(dvc) if dvc.exists() else "dvc", "freeze", "-q", "planner"], cwd=repo, check=True
+    )
 
 
 def fresh(out: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from PIL import Image
 
+from pipeline.miniature.run import freeze_planner
 from tests.conftest import ROOT
 
 # dvc on a copy of the repository, every test; the `mini` pipeline trains with torchrun and
@@ -114,6 +115,7 @@ def mini(tmp_path_factory):
     write_images(tmp / "images")
     params = miniature(yaml.safe_load((repo / "params.yaml").read_text()), tmp / "images")
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    freeze_planner(repo)  # paper-scale predictions, not the miniature's: as pipeline.miniature
     first = dvc(repo, "repro")
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
     return repo, first

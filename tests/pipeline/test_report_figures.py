@@ -110,7 +110,17 @@ def test_the_report_gives_absolute_top1_and_explains_its_odd_values(reported):
         best = {"ddp": "33.00 | 33.00", "ab": "30.50 | 30.20", "abng": "31.00 | 30.70"}
         best.update(psgd="32.00 | 32.00", abps="30.00 | 29.70")
         assert f"| {best[name.split('-')[0]]} |" in row, row
-    assert "| ab-2x2 | ab | 2 × 2 | local | 128 | 100 | 30.50 | 30.20 | -2.50 | -2.80 |" in md
+    # Δ over seeds: the committed study made with the record's values (copied in above)
+    d = json.loads((repo / "reports/seeds-best-ab/seeds.json").read_text())
+    spread = d["summary"]["difference"]["spread"]
+    seeds = f"{spread['mean']:+.2f} ± {spread['std']:.2f} ({spread['n']} seeds)"
+    assert (
+        f"| ab-2x2 | ab | 2 × 2 | local | 128 | 100 | 30.50 | 30.20 | -2.50 | {seeds} | -2.80 |"
+        in md
+    )
+    assert (
+        "| abng-2x2 | ab_nogroups | 2 × 2 | local | 128 | 100 | 31.00 | 30.70 | -2.00 | — |" in md
+    )
     assert "**Compression below 1:1** (0.75:1)" in md and "r(m+n)" in md
     assert "**Negative ECR** (-25.0% for 0.75:1)" in md and "133%" in md
     assert "up to 1.60 points" in md  # the seed study, where its numbers are
@@ -121,8 +131,9 @@ def test_the_report_gives_absolute_top1_and_explains_its_odd_values(reported):
     line = next(x for x in md.splitlines() if x.startswith("- [`seeds-best-ab/`]"))
     assert "with the search's values: ab-2x2 - ddp-2x2 over seeds 0, 1, 2" in line
     assert f"is {diffs} points" in line
-    apart = next(x for x in md.splitlines() if x.startswith("- Trained from an earlier"))
-    assert "seeds-best-abps/" in apart and "seeds-best-abps/" not in line
+    abps = next(x for x in md.splitlines() if x.startswith("- [`seeds-best-abps/`]"))
+    assert "with the search's values: abps-2x2 - ddp-2x2" in abps  # also the record's
+    assert "Trained from an earlier" not in md  # no study of another record copied in
     # every figure has its caption right under it, and every figure it names exists
     lines = md.splitlines()
     shown = [i for i, line in enumerate(lines) if line.startswith("![")]
