@@ -10,17 +10,18 @@ import json
 import random
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from abtrain.abtraining import ABTraining
+
 from abtrain import checkpoint
 from abtrain.config import Config, diff_keys
 from abtrain.files import atomic_write_text
-from abtrain.ledger import Ledger
-from abtrain.lowrank import LowRankLayer
 from abtrain.runstate import RunState
 
 
@@ -50,7 +51,7 @@ class Checkpointer:
         model: torch.nn.Module,
         opt: torch.optim.Optimizer,
         run: RunState,
-        ledger: Ledger,
+        method: ABTraining,
         run_id: str,
         writer: int,
     ) -> None:
@@ -66,7 +67,7 @@ class Checkpointer:
             run=run.to_dict(),
             buffers={k: v for k, v in state.items() if k in buffers},
             rng=dict(torch=torch.get_rng_state(), python=random.getstate()),
-            ledger=ledger.state(),
+            method=method.state_dict(),  # phase, factorisations, factor shapes, ledger
         )
         own["run"]["run_id"] = run_id
         if self.device.type == "cuda":
@@ -80,15 +81,11 @@ class Checkpointer:
         checkpoint.publish(self.root, step, self.cfg.keep_checkpoints, meta)
 
     def resume(
-        self,
-        model: torch.nn.Module,
-        layers: dict[str, LowRankLayer],
-        role: str | None,
-        opt: torch.optim.Optimizer,
-        ledger: Ledger,
+        self, model: torch.nn.Module, opt: torch.optim.Optimizer, method: ABTraining
     ) -> tuple[int, RunState] | None:
-        """Load the newest whole checkpoint into `model`, `opt`, the RNGs and `ledger`;
-        returns its step and run state, or None for a new run (whose config is recorded)."""
+        """Load the newest whole checkpoint into `method` (its phase, factor shapes and
+        ledger), `model`, `opt` and the RNGs; returns its step and run state, or None for a
+        new run (whose config is recorded)."""
         saved = self.out / "config.json"
         if saved.exists():
             self._refuse_other_config(json.loads(saved.read_text()), self.out)
@@ -98,26 +95,14 @@ class Checkpointer:
         if found is None:
             return None
         step, own, shared = found
-        sd = {**shared["model"], **own["buffers"]}
-        for name, layer in layers.items():  # factors take the saved shapes first
-            layer.a.data = torch.empty(
-                sd[f"{name}.a"].shape, dtype=layer.a.dtype, device=self.device
-            )
-            layer.b.data = torch.empty(
-                sd[f"{name}.b"].shape, dtype=layer.b.dtype, device=self.device
-            )
-        model.load_state_dict(sd)
-        run = RunState.from_dict(own["run"])
-        if run.phase.low_rank:
-            for layer in layers.values():
-                layer.set_factors(layer.a.data, layer.b.data, role)
+        method.load_state_dict(own["method"])  # factors take the saved shapes first
+        model.load_state_dict({**shared["model"], **own["buffers"]})
         opt.load_state_dict(shared["optim"])
         torch.set_rng_state(own["rng"]["torch"])
         random.setstate(own["rng"]["python"])
         if "cuda" in own["rng"]:
             torch.cuda.set_rng_state(own["rng"]["cuda"], self.device)
-        ledger.load_state(own["ledger"])
-        return step, run
+        return step, RunState.from_dict(own["run"])
 
     def _refuse_other_config(self, saved: dict[str, Any], where: Path) -> None:
         """A run folder belongs to one config: resuming under another would mix two runs."""

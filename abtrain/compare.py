@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from abtrain.config import BASELINE
+from abtrain.config import BASELINE, model_label
 
 
 def read_run(folder: Path) -> dict:
@@ -30,7 +30,7 @@ def read_run(folder: Path) -> dict:
         mb=s["traffic"]["inter_node_bytes"] / s["steps"] / 1e6,
         # a ddp run is the baseline of the runs that share all of these
         key=(
-            cfg.get("model", {}).get("name", s.get("run", {}).get("model")),
+            model_label(cfg["model"]) if "model" in cfg else s.get("run", {}).get("model"),
             cfg.get("data", {}).get("name", s.get("run", {}).get("data")),
             nodes,
             world,

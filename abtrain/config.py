@@ -8,6 +8,7 @@ happens before any process group exists, and every error names the offending key
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -18,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -40,53 +42,94 @@ class _Model(_Section):
 
 
 class MLPModel(_Model):
+    """A small MLP: the built-in model for synthetic data (abtrain.models.mlp)."""
+
     name: Literal["mlp"]
     width: int = Field(gt=0)
     depth: int = Field(ge=1)
 
 
-class ViTModel(_Model):
-    """The authors' mini-ViT (32 px, patch 8, depth 6, 6 heads, width 768) or ViT-B/16."""
-
-    name: Literal["vit"]
-    image_size: int = Field(gt=0)
-    patch_size: int = Field(gt=0)
-    width: int = Field(gt=0)
-    depth: int = Field(ge=1)
-    heads: int = Field(ge=1)
-    mlp_ratio: float = Field(gt=0)
-    qkv_bias: bool
-    drop_path: float = Field(ge=0, lt=1)  # stochastic depth, rising to this over the blocks
-
-    @model_validator(mode="after")
-    def _shapes(self) -> ViTModel:
-        if self.image_size % self.patch_size:
-            raise ValueError("model.patch_size must divide model.image_size")
-        if self.width % self.heads:
-            raise ValueError("model.heads must divide model.width")
-        return self
+def _no_reserved(kwargs: dict[str, Any], reserved: tuple[str, ...]) -> dict[str, Any]:
+    why = {
+        "num_classes": "the number of classes comes from the data",
+        "pretrained": "the weights are built from the seed on every rank, never downloaded",
+    }
+    given = [k for k in reserved if k in kwargs]
+    if given:
+        raise ValueError("; ".join(f"{k} may not be given: {why[k]}" for k in given))
+    return kwargs
 
 
-class ResNetModel(_Model):
-    name: Literal["resnet50"]
-    dropout: float = Field(ge=0, lt=1)  # before the classifier (timm's drop_rate)
-    # γ = 0 in the last BatchNorm of every block, so each block starts as its shortcut
-    # (timm's resnet50 default, the authors' model; torchvision's layout has γ = 1)
-    zero_init_last: bool
+class TimmModel(_Model):
+    """Any timm architecture by name, e.g. vit_base_patch16_224, resnet50, vgg16, built as
+    timm.create_model(arch, pretrained=False, num_classes=<the data's>, **kwargs)."""
+
+    name: Literal["timm"]
+    arch: str = Field(min_length=1)
+    kwargs: dict[str, Any]  # the model's own arguments (timm's names: drop_rate, img_size...)
+
+    @field_validator("arch")
+    @classmethod
+    def _known(cls, arch: str) -> str:
+        # here rather than on every rank inside the run: a typo fails before anything starts
+        from abtrain.models.factory import check_timm_arch
+
+        check_timm_arch(arch)
+        return arch
+
+    @field_validator("kwargs")
+    @classmethod
+    def _kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return _no_reserved(kwargs, ("num_classes", "pretrained"))
 
 
-class VGGModel(_Model):
-    name: Literal["vgg16"]
-    # torchvision: 7x7 avg-pool + Linear(25088, 4096); timm: the first classifier layer is
-    # a 7x7 conv over the features pooled up to 7x7 (the authors' 44:1 model on CIFAR)
-    layout: Literal["torchvision", "timm"]
-    # channels of the first stage: 64 is VGG16; every stage (64-128-256-512-512) and the
-    # classifier (4096) scale with it, for runs in miniature
-    width: int = Field(gt=0)
-    dropout: float = Field(ge=0, lt=1)
+class PythonModel(_Model):
+    """A user's own model: `factory` "package.module:function" is imported on every rank and
+    called as function(num_classes=<the data's>, **kwargs); it must return an nn.Module."""
+
+    name: Literal["python"]
+    factory: str
+    kwargs: dict[str, Any]
+
+    @staticmethod
+    def split(factory: str) -> tuple[str, str]:
+        """'pkg.module:function' -> ('pkg.module', 'function'); ValueError for anything else.
+        After the colon a dotted path may reach into a class (module:Class.method)."""
+        name = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+        match = re.fullmatch(rf"\s*({name}):({name})\s*", factory)
+        if not match:
+            raise ValueError(
+                f"{factory!r} is not of the form 'package.module:function' (a module to "
+                f"import, a colon, the function or class in it that builds the model)"
+            )
+        return match[1], match[2]
+
+    @field_validator("factory")
+    @classmethod
+    def _spec(cls, factory: str) -> str:
+        cls.split(factory)  # the form only: the module is imported where the model is built
+        return factory
+
+    @field_validator("kwargs")
+    @classmethod
+    def _kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return _no_reserved(kwargs, ("num_classes",))
 
 
-ModelConfig = Annotated[MLPModel | ViTModel | ResNetModel | VGGModel, Field(discriminator="name")]
+ModelConfig = Annotated[MLPModel | TimmModel | PythonModel, Field(discriminator="name")]
+
+
+def model_label(model: ModelConfig | Mapping[str, Any]) -> str:
+    """A short name for the model, for run names and for pairing a run with its baseline:
+    the timm architecture, the factory's function name, or "mlp". Takes a run's saved
+    config too (a mapping); one from before timm (name: vit, resnet50, vgg16) gives its name.
+    """
+    m = model if isinstance(model, Mapping) else model.model_dump()
+    if m["name"] == "timm":
+        return m["arch"]
+    if m["name"] == "python":
+        return PythonModel.split(m["factory"])[1].rpartition(".")[2]
+    return m["name"]
 
 
 class SyntheticData(_Section):
@@ -292,7 +335,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 # values that are free mappings rather than sections: `--set tracking.tags.scale=2x2` adds a key
-FREE_MAPPINGS = {("tracking", "tags")}
+FREE_MAPPINGS = {("tracking", "tags"), ("model", "kwargs")}
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -95,8 +95,13 @@ def run_local(
     """Run `python -m abtrain ARGS` on nnodes × nproc_per_node ranks; returns the exit code.
 
     When one node fails, the others get `grace` seconds to notice and stop by themselves
-    (each rank then reports what it saw), and are stopped after that.
+    (each rank then reports what it saw), and are stopped after that. A `train` that would
+    be refused (`refusal`) starts nothing: its one line, and 2.
     """
+    why = refusal(args)
+    if why is not None:
+        print(f"error: {why}", file=sys.stderr, flush=True)
+        return 2
     env = {**os.environ, **(env or {})}
     if max_restarts and nnodes > 1:
         # c10d's rendezvous otherwise hands the ranks one store for every round, and the
@@ -159,6 +164,31 @@ def run_local(
     if stopping.is_set():
         print(f"[abtrain.launch] every node stopped; {_last_checkpoint(args)}", file=sys.stderr)
     return code
+
+
+def refusal(args: Sequence[str]) -> str | None:
+    """Why `python -m abtrain ARGS` would be refused before training, said once here
+    rather than by every rank after torchrun started them all: a `train` whose config
+    can't be read, or whose model leaves its AB method no layer to factorise. None when
+    it may start, or when it can't be told here (a model that doesn't build in this
+    process: the ranks report that themselves)."""
+    if not args or args[0] != "train":
+        return None
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--config")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    ns, _ = parser.parse_known_args(list(args[1:]))
+    if ns.config is None:
+        return None
+    # imported here: the launcher needs torch only to build the model it checks
+    from abtrain.__main__ import refuse_unfactorisable
+    from abtrain.config import ConfigError, load
+
+    try:
+        refuse_unfactorisable(load(ns.config, ns.overrides))
+    except ConfigError as err:
+        return str(err)
+    return None
 
 
 def _relay(proc: subprocess.Popen, stopping: threading.Event) -> None:

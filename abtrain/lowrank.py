@@ -8,10 +8,14 @@ full W is never rebuilt during the AB phase.
 from __future__ import annotations
 
 import fnmatch
+import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.parameter import UninitializedParameter
+from torch.nn.utils import parametrize
 
 
 def as_matrix(weight: Tensor) -> Tensor:
@@ -66,13 +70,25 @@ class LowRankLayer(nn.Module):
     """A Linear or Conv2d whose weight is trained as W, or as A·B with one factor frozen.
 
     `weight` and `bias` keep their names, so state dicts read like the original layer's.
+    The layer's shape attributes (in_features, out_channels, kernel_size, ...) are copied
+    too: model code that reads them from its submodules keeps working after `convert`.
     """
 
     def __init__(self, layer: nn.Linear | nn.Conv2d) -> None:
         super().__init__()
         self.is_conv = isinstance(layer, nn.Conv2d)
+        for attr in _SHAPE_ATTRS:
+            if hasattr(layer, attr):
+                setattr(self, attr, getattr(layer, attr))
+        self.pad: tuple[tuple[int, ...], str] | None = None
         if self.is_conv:
-            self.conv = dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation)
+            padding = layer.padding
+            if layer.padding_mode != "zeros":
+                # as Conv2d does it: pad with the mode first, then convolve without padding;
+                # only the k-channel conv sees the padding, the 1×1 one needs none
+                self.pad = (tuple(layer._reversed_padding_repeated_twice), layer.padding_mode)
+                padding = 0
+            self.conv = dict(stride=layer.stride, padding=padding, dilation=layer.dilation)
         self.weight = layer.weight
         self.bias = layer.bias
         empty = torch.empty(0, dtype=layer.weight.dtype, device=layer.weight.device)
@@ -95,8 +111,10 @@ class LowRankLayer(nn.Module):
 
     def merge(self) -> None:
         """Back to full rank: W = A·B, factors kept (their shapes tell the last rank)."""
-        with torch.no_grad():  # the product in float32 whatever the parameters' dtype
-            self.weight.copy_((self.a.float() @ self.b.float()).view_as(self.weight))
+        # the product in float32 at least: bfloat16 factors would round it twice
+        dtype = torch.promote_types(self.a.dtype, torch.float32)
+        with torch.no_grad():
+            self.weight.copy_((self.a.to(dtype) @ self.b.to(dtype)).view_as(self.weight))
         self.factorized = False
         self.weight.requires_grad_(True)
         self.a.requires_grad_(False)
@@ -107,6 +125,8 @@ class LowRankLayer(nn.Module):
             if not self.factorized:
                 return F.linear(x, self.weight, self.bias)
             return F.linear(F.linear(x, self.b), self.a, self.bias)
+        if self.pad is not None:
+            x = F.pad(x, self.pad[0], mode=self.pad[1])
         if not self.factorized:
             return F.conv2d(x, self.weight, self.bias, **self.conv)
         k = self.rank
@@ -119,33 +139,179 @@ class LowRankLayer(nn.Module):
         return f"{kind} {tuple(self.weight.shape)}, rank={self.rank or 'full'}"
 
 
-def _factorisable(module: nn.Module) -> bool:
-    if isinstance(module, nn.Conv2d):
-        return module.groups == 1 and module.padding_mode == "zeros"
-    return type(module) is nn.Linear or isinstance(module, nn.Linear)
+_SHAPE_ATTRS = (
+    "in_features",
+    "out_features",
+    "in_channels",
+    "out_channels",
+    "kernel_size",
+    "stride",
+    "padding",
+    "dilation",
+    "groups",
+    "padding_mode",
+)
 
 
-def convert(model: nn.Module, full_rank_layers: list[str] | None) -> dict[str, LowRankLayer]:
-    """Replace every factorisable Linear/Conv2d by a LowRankLayer, in place.
+@dataclass(frozen=True)
+class LayerChoice:
+    """One module holding a weight matrix, and whether AB factorises it (if not, why).
 
-    `full_rank_layers` are glob patterns of module names kept as they are; None keeps the
-    first and the last weight layer (patch embedding / first conv and classifier head).
+    `shape` is the weight's; (rows, cols) its matrix view out × in·kh·kw, at most
+    k = min(rows, cols) wide. A lazy weight has no shape yet: (), 0 × 0.
     """
-    candidates = [name for name, m in model.named_modules() if _factorisable(m)]
-    if full_rank_layers is None:
-        keep = {candidates[0], candidates[-1]} if candidates else set()
-    else:
-        keep = {n for n in candidates if any(fnmatch.fnmatch(n, p) for p in full_rank_layers)}
-    layers = {}
-    for name in candidates:
-        if name in keep:
+
+    name: str
+    kind: str  # the module's class name
+    shape: tuple[int, ...]
+    rows: int
+    cols: int
+    factorised: bool
+    reason: str  # why it is kept full rank; "" when factorised
+
+    @property
+    def full_rank(self) -> int:
+        return min(self.rows, self.cols)
+
+    @property
+    def params(self) -> int:
+        return math.prod(self.shape) if self.shape else 0
+
+
+_READS_WEIGHTS = (nn.MultiheadAttention, nn.TransformerEncoderLayer)
+
+
+# Reasons a layer is kept full rank whatever ab.full_rank_layers says, checked in order.
+def _structural_reason(
+    name: str, module: nn.Module, parent: nn.Module | None, owners: dict[int, list[str]]
+) -> str:
+    if not isinstance(module, nn.Linear | nn.Conv2d):
+        return "not a Linear/Conv2d"
+    if parametrize.is_parametrized(module, "weight") or "weight" not in module._parameters:
+        # parametrize or the old weight_norm: W is computed from other parameters
+        return "weight computed from other parameters (parametrised)"
+    weight = module._parameters["weight"]
+    if isinstance(weight, UninitializedParameter):
+        return "lazy, not materialised"
+    base = nn.Conv2d if isinstance(module, nn.Conv2d) else nn.Linear
+    own = [f for f in ("forward", "_conv_forward") if hasattr(base, f)]
+    if any(getattr(type(module), f) is not getattr(base, f) for f in own):
+        # e.g. timm's Conv2dSame pads by the input's size and StdConv2d standardises W:
+        # two plain matmuls/convs would compute something else
+        return f"own forward ({type(module).__name__})"
+    if isinstance(parent, _READS_WEIGHTS):
+        # MultiheadAttention's forward never calls out_proj, and TransformerEncoderLayer's
+        # fused inference path (eval, no grad) never calls linear1/linear2: both read
+        # .weight, and factors trained there would not reach the output
+        return f"weight read directly by {type(parent).__name__}"
+    if isinstance(module, nn.Conv2d) and module.groups > 1:
+        if module.groups == module.in_channels:
+            return "depthwise convolution"
+        return f"grouped convolution (groups={module.groups})"
+    others = [n for n in owners.get(id(weight), []) if n != f"{name}.weight".lstrip(".")]
+    if others:
+        # one of several holders replaced would no longer share it; A·B only in one place
+        return f"weight shared with {others[0]}"
+    if module._forward_hooks or module._forward_pre_hooks:
+        return "forward hooks registered on it (a replacement would drop them)"
+    if not name:
+        return "the model itself (nothing holds it to replace it)"
+    return ""
+
+
+def matches(name: str, pattern: str) -> bool:
+    """`pattern` (a glob, case-sensitive) names the module `name` or a module holding it:
+    'stem' keeps every layer under stem, 'blocks.*.attn.qkv' one kind of layer per block."""
+    parts = name.split(".")
+    return any(fnmatch.fnmatchcase(".".join(parts[:i]), pattern) for i in range(len(parts), 0, -1))
+
+
+def survey(model: nn.Module, full_rank_layers: list[str] | None) -> list[LayerChoice]:
+    """Every module holding a weight of 2+ dims (and every Linear/Conv2d), in model order,
+    with what AB does with it.
+
+    Factorised: nn.Linear and nn.Conv2d (subclasses too, unless they compute their own
+    forward), groups=1, weight a parameter of their own, materialised and not shared.
+    `full_rank_layers` are glob patterns of module names kept as they are; None keeps the
+    first and the last factorisable layer (patch embedding / first conv and classifier).
+    A pattern that names no layer is refused (ConfigError naming it): a typo would
+    otherwise factorise the layer it meant. Works on the meta device: shapes only.
+    """
+    from abtrain.config import ConfigError
+
+    owners: dict[int, list[str]] = {}
+    for pname, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(pname)
+    # remove_duplicate=False: a module registered under two names is listed under both,
+    # and each sees the other hold its weight
+    modules = dict(model.named_modules(remove_duplicate=False))
+    found = []
+    for name, module in modules.items():
+        weight = getattr(module, "weight", None)
+        listed = isinstance(module, nn.Linear | nn.Conv2d) or (
+            isinstance(weight, nn.Parameter)
+            and (isinstance(weight, UninitializedParameter) or weight.dim() >= 2)
+        )
+        if not listed:
             continue
-        parent_name, _, child = name.rpartition(".")
+        if isinstance(module, LowRankLayer):  # converted before: factorised already
+            shape = tuple(module.weight.shape)
+            found.append([name, "LowRankLayer", shape, shape[0], math.prod(shape[1:]), None])
+            continue
+        parent = modules.get(name.rpartition(".")[0]) if name else None
+        reason = _structural_reason(name, module, parent, owners)
+        if isinstance(weight, Tensor) and not isinstance(weight, UninitializedParameter):
+            shape = tuple(weight.shape)
+            rows, cols = (shape[0], math.prod(shape[1:])) if shape else (0, 0)
+        else:
+            shape, rows, cols = (), 0, 0
+        found.append([name, type(module).__name__, shape, rows, cols, reason])
+    candidates = [f for f in found if f[5] == ""]
+    if full_rank_layers is None:
+        if candidates:
+            candidates[-1][5] = "last weight layer (default)"
+            candidates[0][5] = "first weight layer (default)"
+    else:
+        unmatched = [p for p in full_rank_layers if not any(matches(f[0], p) for f in found)]
+        if unmatched:
+            names = ", ".join(f[0] for f in found[:4]) + (", ..." if len(found) > 4 else "")
+            raise ConfigError(
+                f"ab.full_rank_layers: {unmatched[0]!r} names no layer of the model "
+                f"({len(found)} weight layers: {names}; `python -m abtrain check --layers` "
+                "lists them)"
+            )
+        for f in candidates:
+            pattern = next((p for p in full_rank_layers if matches(f[0], p)), None)
+            if pattern is not None:
+                f[5] = f"ab.full_rank_layers: {pattern!r}"
+    return [
+        LayerChoice(name, kind, shape, rows, cols, not reason, reason or "")
+        for name, kind, shape, rows, cols, reason in found
+    ]
+
+
+def kept_full_rank(choices: list[LayerChoice]) -> dict[str, str]:
+    """{layer: why it is kept full rank} of a survey."""
+    return {c.name: c.reason for c in choices if not c.factorised}
+
+
+def replace(model: nn.Module, choices: list[LayerChoice]) -> dict[str, LowRankLayer]:
+    """Replace each layer the survey factorises by a LowRankLayer, in place."""
+    layers = {}
+    for c in choices:
+        if not c.factorised:
+            continue
+        parent_name, _, child = c.name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         layer = LowRankLayer(getattr(parent, child))
         setattr(parent, child, layer)
-        layers[name] = layer
+        layers[c.name] = layer
     return layers
+
+
+def convert(model: nn.Module, full_rank_layers: list[str] | None) -> dict[str, LowRankLayer]:
+    """Replace every layer `survey` factorises by a LowRankLayer, in place."""
+    return replace(model, survey(model, full_rank_layers))
 
 
 def low_rank_layers(model: nn.Module) -> dict[str, LowRankLayer]:
@@ -188,7 +354,9 @@ def fit_shape(t: Tensor, shape: torch.Size) -> Tensor:
 def adapt_optimizer_state(
     opt: torch.optim.Optimizer, layers: dict[str, LowRankLayer], mode: str
 ) -> None:
-    """AdamW's moments across a change of shape: carried (cut or zero-padded) or reset."""
+    """The optimizer's per-parameter tensors across a change of shape (AdamW's moments,
+    SGD's momentum, any optimizer's): carried (cut or zero-padded) or reset. Scalars (a
+    step count) stay."""
     for layer in layers.values():
         for p in (layer.weight, layer.a, layer.b):
             state = opt.state.get(p)
@@ -197,6 +365,6 @@ def adapt_optimizer_state(
             if mode == "reset":
                 del opt.state[p]
                 continue
-            for key in ("exp_avg", "exp_avg_sq"):
-                if state[key].shape != p.shape:
-                    state[key] = fit_shape(state[key], p.shape)
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
+                    state[key] = fit_shape(value, p.shape)

@@ -39,6 +39,7 @@ COLLECTIVE_ROW_BYTES = 250  # optional per-collective JSON rows: one per collect
 # The run record every rank's file carries: evaluations, factorisations (their ranks).
 EVAL_RECORD_BYTES = 100
 RANK_RECORD_BYTES = 24  # a layer's rank in one factorisation
+SHAPE_RECORD_BYTES = 64  # a factorised layer's name and the shapes of its A and B
 FACTORIZATION_BYTES = 40
 # A rank's ledger in memory: one table of STEP_TABLE_BYTES per step since the last flush
 # (each checkpoint), with the tensor's and its dict entry's own overhead.
@@ -397,9 +398,12 @@ def saved_replica_bytes(s: Sizes, phase: str, role: str, carry: bool) -> int:
     return _file(params, tensors, trained, count)
 
 
-def rank_state_bytes(s: Sizes, evals: int = 0, factorizations: int = 0, cuda: bool = True) -> int:
+def rank_state_bytes(
+    s: Sizes, evals: int = 0, factorizations: int = 0, cuda: bool = True, low_rank: bool = False
+) -> int:
     """The small file every rank saves: its buffers (BatchNorm statistics differ between
-    ranks), RNG states, the ledger's totals, and the run record so far."""
+    ranks), RNG states, the ledger's totals, the run record so far, and (a method with AB
+    phases) the factors' shapes."""
     return (
         s.buffers
         + TENSOR_OVERHEAD * s.buffer_tensors
@@ -409,6 +413,7 @@ def rank_state_bytes(s: Sizes, evals: int = 0, factorizations: int = 0, cuda: bo
         + TIMES_BYTES
         + EVAL_RECORD_BYTES * evals
         + factorizations * (RANK_RECORD_BYTES * s.layers + FACTORIZATION_BYTES)
+        + (SHAPE_RECORD_BYTES * s.layers if low_rank else 0)
         + FILE_OVERHEAD
     )
 
@@ -590,7 +595,8 @@ def footprint(
     at = checkpoint_steps(cfg)
     cycles = len({p.cycle for t in range(cfg.steps) if (p := schedule.phase_at(t, cfg)).low_rank})
     # the last checkpoint's run record is the largest: every evaluation and factorisation
-    small = world * rank_state_bytes(s, count_evaluations(cfg), cycles, cuda)
+    low_rank = methods.kind(cfg.method).low_rank
+    small = world * rank_state_bytes(s, count_evaluations(cfg), cycles, cuda, low_rank)
     kept = min(cfg.keep_checkpoints, len(at))
     by_phase = {"full": replica_bytes(s) + small}
     for phase in ("ab", "rebound") if groups_ else ():

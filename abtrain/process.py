@@ -61,9 +61,9 @@ def start(cfg: Config, launch: Launch) -> tuple[str, torch.device]:
     return backend, device
 
 
-def node_map(launch: Launch, device: torch.device) -> list[int]:
-    """Every rank's node, from the launcher; the one collective before the ledger."""
-    mine = torch.tensor([launch.node], device=device)
+def node_map(node: int, device: torch.device) -> list[int]:
+    """Every rank's node (this one's is `node`); the one collective before the ledger."""
+    mine = torch.tensor([node], device=device)
     nodes = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(nodes, mine)
     return [int(n) for n in nodes]

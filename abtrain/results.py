@@ -4,6 +4,7 @@ model, and the figures MLflow gets at the end."""
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 from pathlib import Path
@@ -78,6 +79,24 @@ def ranks_csv(factorizations: list[dict[str, Any]], layers: dict[str, Any]) -> s
     return out.getvalue()
 
 
+LAYERS_CSV_HEADER = "layer,kind,weight_shape,rows,cols,full_rank,factorised,reason"
+
+
+def layers_csv(survey: list[lowrank.LayerChoice]) -> str:
+    """`layers.csv`: every weight layer of the model, whether AB factorises it and, if
+    not, why it is kept full rank (lowrank.survey's reasons); ranks.csv holds the ranks
+    of the factorised ones."""
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(LAYERS_CSV_HEADER.split(","))
+    for c in survey:
+        shape = "x".join(map(str, c.shape)) if c.shape else "?"
+        # a reason may hold a comma or quotes (a glob pattern): the writer quotes it
+        row = [c.name, c.kind, shape, c.rows, c.cols, c.full_rank, int(c.factorised), c.reason]
+        w.writerow(row)
+    return out.getvalue()
+
+
 def mean_rank_fraction(ranks: dict[str, int], layers: dict[str, Any]) -> float:
     """The kept rank over the full rank, averaged over the factorised layers."""
     full = {n: min(lowrank.as_matrix(layers[n].weight).shape) for n in ranks}
@@ -87,16 +106,20 @@ def mean_rank_fraction(ranks: dict[str, int], layers: dict[str, Any]) -> float:
 def summarize(
     cfg: Config,
     run: RunState,
+    factorizations: list[dict[str, Any]],
     traffic: dict[str, Any],
     where: dict[str, Any],
     global_batch: int,
     train_samples: int,
+    survey: list[lowrank.LayerChoice] | None = None,
 ) -> dict[str, Any]:
     """summary.json: the run's accuracy, compression, traffic (the ledger's world totals)
-    and time; `where`: run_name, world_size, nodes, ranks_per_node."""
+    and time; `where`: run_name, world_size, nodes, ranks_per_node. `survey`: the model's
+    lowrank.survey under an AB method, whose kept layers go to `full_rank_layers` as
+    {layer: reason}; None (a full-rank method) writes null there."""
     tops = [e["val_top1"] for e in run.evals]
     losses = [e["val_loss"] for e in run.evals]
-    last = run.factorizations[-1] if run.factorizations else None
+    last = factorizations[-1] if factorizations else None
     traffic["inter_node_bytes_per_step"] = traffic["inter_node_bytes"] / cfg.steps
     return dict(
         method=cfg.method,
@@ -114,7 +137,8 @@ def summarize(
         train_loss_final=run.last_loss,
         compression_ratio=last["compression_ratio"] if last else 1.0,
         ranks=last["ranks"] if last else {},
-        factorizations=run.factorizations,
+        full_rank_layers=lowrank.kept_full_rank(survey) if survey is not None else None,
+        factorizations=factorizations,
         traffic=traffic,
         time=run.time_summary(),
         wall_seconds=run.elapsed,
@@ -154,21 +178,30 @@ class Results:
     def write(
         self,
         run: RunState,
+        factorizations: list[dict[str, Any]],
         ledger: Ledger,
         model: torch.nn.Module,
         layers: dict[str, Any],
         global_batch: int,
+        survey: list[lowrank.LayerChoice] | None = None,
     ) -> dict[str, Any]:
         """summary.json, ranks.csv, model.pt, ledger.jsonl (rows joined one rank's file at
-        a time, if kept); the final metrics, artifacts and model to MLflow."""
+        a time, if kept); the final metrics, artifacts and model to MLflow. `survey`: an AB
+        method's lowrank.survey of the model, written to layers.csv and summarised in
+        summary.json's `full_rank_layers`."""
         names = ["summary.json", "ledger.csv", "config.json", "model.pt", "train_log.csv"]
         if self.cfg.tracking.ledger_rows:
             names.append(ledger.concat_rows(self.where["world_size"]).name)
-        if run.factorizations:
-            atomic_write_text(self.out / "ranks.csv", ranks_csv(run.factorizations, layers))
+        if factorizations:
+            atomic_write_text(self.out / "ranks.csv", ranks_csv(factorizations, layers))
             names.append("ranks.csv")
+        if survey is not None:
+            atomic_write_text(self.out / "layers.csv", layers_csv(survey))
+            names.append("layers.csv")
         traffic = ledger.totals(self.where["world_size"])
-        summary = summarize(self.cfg, run, traffic, self.where, global_batch, len(self.task))
+        summary = summarize(
+            self.cfg, run, factorizations, traffic, self.where, global_batch, len(self.task), survey
+        )
         atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2))
         atomic_save(model.state_dict(), self.out / "model.pt")
         self.tracker.metrics(run.step, final_metrics(summary))

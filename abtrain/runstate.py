@@ -8,10 +8,8 @@ kept as running sums.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
-
-from abtrain.schedule import Phase
 
 # Where a step's time goes; `comm` is what the step waited for (syncs, and the part of the
 # gradient all-reduce that the backward pass did not hide), so the parts add up.
@@ -20,11 +18,12 @@ TIME_PARTS = ("data", "compute", "comm", "svd", "wrap", "eval", "checkpoint")
 
 @dataclass
 class RunState:
+    """The loop's record; the phase and the factorisations are the method's
+    (`ABTraining.state_dict`)."""
+
     step: int = 0
-    phase: Phase | None = None  # the representation the model is in now
     pending_eval: bool = False
     evals: list[dict[str, Any]] = field(default_factory=list)
-    factorizations: list[dict[str, Any]] = field(default_factory=list)
     elapsed: float = 0.0  # training seconds so far, across restarts
     window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss, top-1, n
     last_loss: float | None = None
@@ -33,8 +32,8 @@ class RunState:
         default_factory=lambda: defaultdict(lambda: dict.fromkeys(("steps", *TIME_PARTS), 0.0))
     )
 
-    def add_time(self, part: str, seconds: float) -> None:
-        self.times[self.phase.kind][part] += seconds
+    def add_time(self, phase: str, part: str, seconds: float) -> None:
+        self.times[phase][part] += seconds
 
     def time_summary(self) -> dict[str, Any]:
         """Seconds per phase and part, and each part's share of all of them."""
@@ -45,13 +44,12 @@ class RunState:
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["phase"] = asdict(self.phase) if self.phase else None
         d["times"] = {k: dict(v) for k, v in self.times.items()}
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunState:
-        state = cls(**{**d, "phase": Phase(**d["phase"]) if d["phase"] else None})
+        state = cls(**d)
         times = cls().times
         times.update(d["times"])
         state.times = times

@@ -92,13 +92,16 @@ def scheduled_lr(step: int, cfg: Config) -> float:
     return o.min_lr + (o.lr - o.min_lr) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def lr_at(step: int, cfg: Config) -> float:
-    """The scheduled LR, ramped from near 0 over `lr_rebound_steps` after each change.
-
-    The ramp multiplies the schedule, which keeps advancing underneath it.
-    """
-    lr = scheduled_lr(step, cfg)
+def rebound_factor(step: int, cfg: Config) -> float:
+    """The LR rebound: a ramp from near 0 over `lr_rebound_steps` after each change of
+    representation (1 elsewhere)."""
     start, n = last_change(step, cfg), cfg.ab.lr_rebound_steps
     if start is not None and step - start < n:
-        lr *= (step - start + 1) / (n + 1)
-    return lr
+        return (step - start + 1) / (n + 1)
+    return 1.0
+
+
+def lr_at(step: int, cfg: Config) -> float:
+    """The scheduled LR times the rebound: the ramp multiplies the schedule, which keeps
+    advancing underneath it."""
+    return scheduled_lr(step, cfg) * rebound_factor(step, cfg)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from abtrain.config import Config
+from abtrain.config import Config, model_label
 from abtrain.mlflow_ui import EXPERIMENT_KIND, key_figures_view, ui_address
 
 ARTIFACTS_DIR = "mlartifacts"
@@ -99,9 +99,11 @@ def model_name(run_name: str) -> str:
 
 def run_name_for(cfg: Config, nodes: int, ranks_per_node: int) -> str:
     """`tracking.run_name`, or one that tells the points of the experiment matrix apart:
-    method, model, data, nodes x ranks per node and the batch per rank."""
+    method, model (its label: timm arch, factory function or mlp), data, nodes x ranks per
+    node and the batch per rank."""
+    model = model_label(cfg.model)
     return cfg.tracking.run_name or (
-        f"{cfg.method}-{cfg.model.name}-{cfg.data.name}-{nodes}x{ranks_per_node}-b{cfg.batch_size}"
+        f"{cfg.method}-{model}-{cfg.data.name}-{nodes}x{ranks_per_node}-b{cfg.batch_size}"
     )
 
 
@@ -131,7 +133,7 @@ def run_tags(cfg: Config, where: dict[str, Any], global_batch: int, out: Path) -
     commit = git_commit()
     return dict(
         method=cfg.method,
-        model=cfg.model.name,
+        model=model_label(cfg.model),
         dataset=cfg.data.name,
         world_size=where["world_size"],
         nodes=where["nodes"],

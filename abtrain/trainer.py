@@ -1,20 +1,18 @@
-"""The training loop: Algorithm 1 of the paper, read top to bottom in `Trainer`.
+"""abtrain's own training loop: a plain loop over `ABTraining`, the method's one object.
 
-Warm-up (full-rank DDP over the world) → repeat { factorise every W into A·B, each group
-trains its factor with DDP inside the group → average A and B over the world, W = A·B →
-full-rank rebound with DDP over the world } until `steps`. The run always ends merged and
-full-rank; validation always sees that one merged model. DDP and PowerSGD run the same
-loop with a single full-rank phase.
+Each step asks the method for the module to run (`ABTraining.module`: warm-up, AB phases,
+syncs and rebounds happen there, Algorithm 1), scales the scheduled learning rate by its
+rebound, and takes an ordinary AdamW step. The run always ends merged and full-rank;
+validation always sees that one merged model. A user's own loop makes the same calls
+(examples/ab_loop.py).
 
 The trainer composes the rooms around the loop: `process` (process group, device,
 signals), `checkpointer` (save and resume), `results` (train log, summary), `tracking`
-(MLflow), `progress` (what the user sees), `evaluation`; the method object answers every
-question on which methods differ.
+(MLflow), `progress` (what the user sees), `evaluation`.
 """
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from collections.abc import Iterator
@@ -24,22 +22,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 
-from abtrain import (
-    batchnorm,
-    evaluation,
-    groups,
-    ledger,
-    lowrank,
-    methods,
-    models,
-    process,
-    results,
-    schedule,
-    sync,
-    tracking,
-)
+from abtrain import evaluation, ledger, methods, models, process, results, schedule, tracking
+from abtrain.abtraining import DONE, ABTraining
 from abtrain.checkpointer import Checkpointer
 from abtrain.config import Config
 from abtrain.files import atomic_write_text
@@ -50,7 +35,6 @@ from abtrain.runstate import RunState
 from abtrain.schedule import PHASE_IDS, Phase
 from abtrain.tasks import make_task
 
-DONE = Phase("done")
 LOST = (
     "{}, but the tracking store is gone and tracking.required is true: start the run "
     "again once the store is back (it resumes from there and sends what the store missed), "
@@ -71,51 +55,42 @@ class StopForRequeue(RuntimeError):
 class Trainer:
     def __init__(self, cfg: Config, out_dir: str | Path, launch: Launch) -> None:
         self.cfg, self.out, self.launch = cfg, Path(out_dir), launch
-        self.method = methods.make(cfg.method)
-        self.group_size = self.method.group_size(cfg, launch.world_size, launch.ranks_per_node)
+        methods.check_world(cfg, launch.world_size, launch.ranks_per_node)  # before joining
         self.backend, self.device = process.start(cfg, launch)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        nodes = process.node_map(launch, self.device)
-        self.ledger = ledger.Ledger(
-            self.rank, nodes, self.out, cfg.tracking.ledger_rows, self.device
-        )
-        self.ledger.record("all_gather", 8, None)  # the node map itself
-        self.nodes = len(set(nodes))
-        self.pgs = groups.ProcessGroups()
-        self.fanout = groups.fanout(self.rank, nodes, 0, self.pgs)  # rank 0's state
-        # rank 0 holds the folder's lock until the process exits: one run at a time in it
-        self.tracker, self._folder_lock = tracking.open_for_run(
-            cfg, self.out, self.rank, self.device, self.ledger
-        )
         self.task = make_task(cfg)
         self.sampler = StepSampler(len(self.task), cfg.batch_size, self.rank, self.world, cfg.seed)
         self.model = models.build(cfg, self.task.classes, self.task.features).to(self.device)
-        if cfg.dist.sync_batchnorm != "local":
-            batchnorm.convert(self.model)
-        self.layers: dict[str, lowrank.LowRankLayer] = {}
-        self.groups: groups.ABGroups | None = None
-        if self.method.low_rank:
-            self.layers = lowrank.convert(self.model, cfg.ab.full_rank_layers)
-            self.model.to(self.device)
-            plan = self.method.group_plan(self.world, self.group_size)
-            self.groups = groups.build(
-                self.rank, plan, cfg.ab.sync_mode == "only_learned", nodes, self.pgs
-            )
         self.opt = torch.optim.AdamW(
             self.model.parameters(),
             lr=cfg.optim.lr,
             betas=tuple(cfg.optim.betas),
             weight_decay=cfg.optim.weight_decay,
         )
+        # the method: phases, groups, syncs, rebound, ledger; what a user's own loop uses
+        self.ab = ABTraining(
+            self.model,
+            self.opt,
+            cfg,
+            device=self.device,
+            node=launch.node,
+            run_dir=self.out,
+            ledger_rows=cfg.tracking.ledger_rows,
+        )
+        self.ledger = self.ab.ledger
+        # rank 0 holds the folder's lock until the process exits: one run at a time in it
+        self.tracker, self._folder_lock = tracking.open_for_run(
+            cfg, self.out, self.rank, self.device, self.ledger
+        )
         torch.manual_seed(cfg.seed * 1000 + self.rank)  # per-rank stream for dropout etc.
         self.stops = process.StopRequests()
         self.checkpointer = Checkpointer(
-            self.out, cfg, self.rank, self.world, self.nodes, self.device
+            self.out, cfg, self.rank, self.world, self.ab.nodes, self.device
         )
         self.where = dict(
-            run_name=tracking.run_name_for(cfg, self.nodes, launch.ranks_per_node),
+            run_name=tracking.run_name_for(cfg, self.ab.nodes, launch.ranks_per_node),
             world_size=self.world,
-            nodes=self.nodes,
+            nodes=self.ab.nodes,
             ranks_per_node=launch.ranks_per_node,
         )
         self.train_log = results.TrainLog(self.out, self.rank)
@@ -123,10 +98,8 @@ class Trainer:
         self.results = results.Results(
             self.out, cfg, self.where, self.tracker, self.task, self.progress
         )
-        self.ddp: DistributedDataParallel | None = None
         self.state = RunState()
         self.resumed, self.resumed_run_id = False, None
-        self.fresh = True  # no wrap yet: the first one broadcasts rank 0's state
         self.summary: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- the loop
@@ -159,11 +132,10 @@ class Trainer:
         self.progress.start(self.state.step)
         batches = self.task.train_batches(self.sampler, self.state.step, self.cfg.steps)
         while self.state.step < self.cfg.steps:
-            self.ledger.step = self.state.step
-            self._enter(schedule.phase_at(self.state.step, self.cfg))
-            if self.state.pending_eval and not self.state.phase.low_rank:
+            net = self._enter(self.state.step)
+            if self.state.pending_eval and not self.ab.phase.low_rank:
                 yield self._evaluate()
-            self._train_step(batches)
+            self._train_step(net, batches)
             self.state.step += 1
             self.state.pending_eval |= self.state.step % self.cfg.eval_every == 0
             self.state.elapsed = time.time() - started
@@ -171,8 +143,8 @@ class Trainer:
                 if self.state.step < self.cfg.steps:
                     self._checkpoint()
         self.ledger.step = self.state.step  # what follows belongs after the last step
-        if self.state.phase != DONE:
-            self._enter(DONE)  # a run never ends with divergent replicas
+        if self.ab.phase != DONE:
+            self._finish_method()  # a run never ends with divergent replicas
             yield self._evaluate()
             self.state.elapsed = time.time() - started
             self._checkpoint()
@@ -181,41 +153,34 @@ class Trainer:
         if self.tracker.must_stop:
             raise tracking.TrackingLost(LOST.format(f"finished (summary in {self.out})"))
 
-    def _enter(self, phase: Phase) -> None:
-        """Move the model into `phase`'s representation; re-wrap DDP where needed."""
-        if phase == self.state.phase:
-            if self.ddp is None:
-                self._wrap(init_sync=False)
-            return
-        prev, self.state.phase = self.state.phase, phase
-        if prev is not None and prev.low_rank:  # Algorithm 1, lines 18-21
-            t0, self.ledger.phase = process.clock(self.device), "sync"
-            moments = [
-                state[key]
-                for p in sync.shared_params(self.model, self.layers)
-                if (state := self.opt.state.get(p))
-                for key in ("exp_avg", "exp_avg_sq")
-            ]
-            sync.average(
-                self.model, self.layers, self.groups, self.cfg.ab.sync_mode, self.ledger, moments
-            )
-            sync.merge(self.layers)
-            self.state.add_time("comm", process.clock(self.device) - t0)
-        if phase.low_rank:  # lines 10-14
-            t0, self.ledger.phase = process.clock(self.device), "factorize"
-            self._factorize()
-            self.state.add_time("svd", process.clock(self.device) - t0)
-        if prev is not None:
-            lowrank.adapt_optimizer_state(self.opt, self.layers, self.cfg.ab.optimizer_state)
-        self.ledger.phase = phase.kind
-        if phase != DONE:
-            self._wrap(init_sync=self.fresh)
-        self.progress.log(f"step {self.state.step}: enter {phase.kind} phase")
+    def _enter(self, step: int) -> torch.nn.Module:
+        """The method's module for `step`, after any change of phase it makes; what
+        changed is logged."""
+        before, factorized = self.ab.phase, len(self.ab.factorizations)
+        net = self.ab.module(step)
+        self._changed(before, factorized)
+        return net
 
-    def _train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        cfg, run = self.cfg, self.state
+    def _finish_method(self) -> None:
+        before, factorized = self.ab.phase, len(self.ab.factorizations)
+        self.ab.finish()
+        self._changed(before, factorized)
+
+    def _changed(self, before: Phase | None, factorized: int) -> None:
+        phase = self.ab.phase
+        for part, seconds in self.ab.take_times().items():
+            self.state.add_time(phase.kind, part, seconds)  # a change's cost is its phase's
+        if len(self.ab.factorizations) > factorized:
+            self._log_factorization(self.ab.factorizations[-1])
+        if phase != before:
+            self.progress.log(f"step {self.state.step}: enter {phase.kind} phase")
+
+    def _train_step(
+        self, net: torch.nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        cfg, run, kind = self.cfg, self.state, self.ab.phase.kind
         process.fail_if_asked(self.rank, run.step, self.resumed)
-        lr = schedule.lr_at(run.step, cfg)
+        lr = schedule.scheduled_lr(run.step, cfg) * self.ab.lr_factor(run.step)
         for g in self.opt.param_groups:
             g["lr"] = lr
         t0 = time.perf_counter()
@@ -223,7 +188,7 @@ class Trainer:
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         t1 = time.perf_counter()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-            logits = self.ddp(x)
+            logits = net(x)
         loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.optim.label_smoothing)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -235,21 +200,21 @@ class Trainer:
         loss_value = loss.item()  # waits for the device: the step's time ends here
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm.item())):
             raise TrainingDiverged(
-                f"step {run.step} ({run.phase.kind} phase): loss {loss_value:.6g}, gradient "
+                f"step {run.step} ({kind} phase): loss {loss_value:.6g}, gradient "
                 f"norm {grad_norm.item():.6g}; not finite, so the run stops before a "
                 f"checkpoint of it (optim.lr={cfg.optim.lr:g}; the last checkpoint is "
                 "whole)"
             )
         t2 = time.perf_counter()
         waited = min(self.ledger.exposed_allreduce_seconds(), t2 - t1)
-        run.add_time("data", t1 - t0)
-        run.add_time("compute", t2 - t1 - waited)
-        run.add_time("comm", waited)
-        run.times[run.phase.kind]["steps"] += 1
+        run.add_time(kind, "data", t1 - t0)
+        run.add_time(kind, "compute", t2 - t1 - waited)
+        run.add_time(kind, "comm", waited)
+        run.times[kind]["steps"] += 1
         top1 = (logits.argmax(1) == y).float().mean().item() * 100
         run.window = [run.window[0] + loss_value, run.window[1] + top1, run.window[2] + 1]
         run.last_loss = loss_value
-        self.train_log.add(run.step, loss_value, lr, run.phase.kind, t2 - t0, t1 - t0)
+        self.train_log.add(run.step, loss_value, lr, kind, t2 - t0, t1 - t0)
         sent = self.ledger.sent
         if run.step % cfg.tracking.log_every == 0:
             self.tracker.metrics(
@@ -257,7 +222,7 @@ class Trainer:
                 dict(
                     loss=loss_value,
                     lr=lr,
-                    phase=PHASE_IDS[run.phase.kind],
+                    phase=PHASE_IDS[kind],
                     inter_node_bytes=sent["inter"],
                     intra_node_bytes=sent["intra"],
                 ),
@@ -265,58 +230,22 @@ class Trainer:
         share = run.time_summary()["share"]
         self.progress.step_done(
             run.step,
-            f"{run.phase.kind} loss {loss_value:.3f} lr {lr:.1e} "
+            f"{kind} loss {loss_value:.3f} lr {lr:.1e} "
             f"inter-node {sent['inter'] / 1e6:.1f} MB/rank | time: data {share['data']:.0%} "
             f"comm {share['comm']:.0%} svd {share['svd']:.0%}",
         )
 
-    # ---------------------------------------------------------------- the AB pieces
-    def _factorize(self) -> None:
-        ab = self.cfg.ab
-        ranks = sync.factorize(
-            self.layers, ab.sigma_cutoff, self.groups.role, self.ledger, ab.split_sigma
-        )
-        ratio = lowrank.compression_ratio(self.model)
-        self.state.factorizations.append(
-            dict(step=self.state.step, compression_ratio=ratio, ranks=ranks)
-        )
+    def _log_factorization(self, f: dict[str, Any]) -> None:
+        ranks, ratio = f["ranks"], f["compression_ratio"]
         # per-layer ranks go to a table (ranks.csv), not one chart per layer
-        kept = results.mean_rank_fraction(ranks, self.layers)
-        self.tracker.metrics(
-            self.state.step, {"compression_ratio": ratio, "rank_fraction_mean": kept}
-        )
-        self.tracker.text(results.ranks_csv(self.state.factorizations, self.layers), "ranks.csv")
+        kept = results.mean_rank_fraction(ranks, self.ab.layers)
+        self.tracker.metrics(f["step"], {"compression_ratio": ratio, "rank_fraction_mean": kept})
+        self.tracker.text(results.ranks_csv(self.ab.factorizations, self.ab.layers), "ranks.csv")
         k = list(ranks.values())
         self.progress.log(
-            f"step {self.state.step}: factorised {len(k)} layers, ranks {min(k)}-{max(k)}, "
+            f"step {f['step']}: factorised {len(k)} layers, ranks {min(k)}-{max(k)}, "
             f"compression {ratio:.2f}:1"
         )
-
-    def _wrap(self, init_sync: bool) -> None:
-        """DDP over this phase's group: the world, or this rank's A/B group."""
-        t0, self.ddp = process.clock(self.device), None
-        gc.collect()  # the old wrapper's reducer must drop its autograd hooks first
-        group = self.groups.group if self.state.phase.low_rank else None
-        if init_sync and group is None:
-            sync.share_model(self.model, self.ledger, self.fanout)  # two hops, not DDP's one
-            init_sync = False
-        elif init_sync:  # a run resumed inside an AB phase: DDP's broadcast, in the group
-            state = [p for p in self.model.parameters()] + list(self.model.buffers())
-            size = sum(t.numel() * t.element_size() for t in state)
-            self.ledger.record("broadcast", size, group, root=ledger.group_ranks(group)[0])
-        batchnorm.attach(self.model, group, self.ledger, self.cfg.dist.sync_batchnorm)
-        self.ddp = DistributedDataParallel(
-            self.model,
-            device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            process_group=group,
-            init_sync=init_sync,
-            forward_sync_buffers=False,
-            gradient_as_bucket_view=True,  # one copy of the gradients, not two
-            bucket_cap_mb=self.method.bucket_cap_mb(self.cfg, self.backend),
-        )
-        self.ddp.register_comm_hook(*self.method.comm_hook(self.cfg, self.ledger, group))
-        self.fresh = False
-        self.state.add_time("wrap", process.clock(self.device) - t0)
 
     # ---------------------------------------------------------------- evaluation
     def _evaluate(self) -> dict[str, Any]:
@@ -332,8 +261,9 @@ class Trainer:
         result = evaluation.record(
             run, scores, self.sampler.global_batch, len(self.task), self.ledger.sent["inter"]
         )
-        last = run.factorizations[-1]["compression_ratio"] if run.factorizations else 1.0
-        run.add_time("eval", process.clock(self.device) - t0)
+        facts = self.ab.factorizations
+        last = facts[-1]["compression_ratio"] if facts else 1.0
+        run.add_time(self.ab.phase.kind, "eval", process.clock(self.device) - t0)
         # inter_node_bytes is a per-step metric already, samples a count, step MLflow's own
         skip = ("inter_node_bytes", "samples", "step")
         logged = {k: v for k, v in result.items() if k not in skip}
@@ -367,18 +297,17 @@ class Trainer:
         # Ranks that hold one replica write its state once: the world, until the first
         # factorisation; from then on the A/B group, whose factors' AdamW moments (kept
         # through full-rank phases for the next AB phase) are its own.
-        group = self.groups.group if self.state.factorizations else None
-        writer = ledger.group_ranks(group)[0]
+        writer = ledger.group_ranks(self.ab.replica_group())[0]
         run_id = self.tracker.run_id or ""
         step = self.state.step
-        self.checkpointer.save(step, self.model, self.opt, self.state, self.ledger, run_id, writer)
+        self.checkpointer.save(step, self.model, self.opt, self.state, self.ab, run_id, writer)
         # 1: asked to stop, to be requeued; 2: the store this run requires is gone
         why = max(int(self.stops.requested()), 2 * int(self.tracker.must_stop))
         stop = torch.tensor([why], device=self.device)
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if self.rank == 0:
             self.checkpointer.publish(step)
-        self.state.add_time("checkpoint", process.clock(self.device) - t0)
+        self.state.add_time(self.ab.phase.kind, "checkpoint", process.clock(self.device) - t0)
         if stop.item() == 2 and step < self.cfg.steps:
             raise tracking.TrackingLost(LOST.format(f"stopped at the checkpoint of step {step}"))
         if stop.item() and step < self.cfg.steps:
@@ -386,18 +315,15 @@ class Trainer:
                 atomic_write_text(self.out / "REQUEUE", f"{step}\n")
             raise StopForRequeue(f"stopped at the checkpoint of step {step} to be requeued")
         self.ledger.phase = phase
-        if self.method.rewrap_at_checkpoint:
-            self.ddp = None
 
     def _resume(self) -> None:
-        role = self.groups.role if self.groups else None
-        found = self.checkpointer.resume(self.model, self.layers, role, self.opt, self.ledger)
+        found = self.checkpointer.resume(self.model, self.opt, self.ab)
         if found is None:
             return
         step, self.state = found
         self.train_log.cut_after(step)
-        self.resumed, self.fresh, self.resumed_run_id = True, False, self.state.run_id or None
-        self.progress.log(f"resumed from step {step} ({self.state.phase.kind} phase)")
+        self.resumed, self.resumed_run_id = True, self.state.run_id or None
+        self.progress.log(f"resumed from step {step} ({self.ab.phase.kind} phase)")
 
     # ---------------------------------------------------------------- results
     def _finish(self) -> dict[str, Any]:
@@ -408,7 +334,13 @@ class Trainer:
         if self.rank != 0:
             return {}
         return self.results.write(
-            self.state, self.ledger, self.model, self.layers, self.sampler.global_batch
+            self.state,
+            self.ab.factorizations,
+            self.ledger,
+            self.model,
+            self.ab.layers,
+            self.sampler.global_batch,
+            survey=self.ab.survey,
         )
 
     # ---------------------------------------------------------------- tracking

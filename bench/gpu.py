@@ -102,7 +102,7 @@ def measure(batch: int, steps: int) -> dict[str, Any]:
     )
     raw = yaml.safe_load(PAPER.read_text())["train"]
     cfg = config.from_dict(raw, ["method=ab", f"batch_size={batch}", "model.init=default"])
-    m = cfg.model
+    size = cfg.data.image_size  # ViT-B/16's img_size too (profiles/paper.yaml)
     model = models.build(cfg, 1000).to(device)
     ortho_sigma_(model)  # the authors' init, on the GPU (SVDs on the CPU take minutes)
     layers = lowrank.convert(model, cfg.ab.full_rank_layers)
@@ -113,14 +113,14 @@ def measure(batch: int, steps: int) -> dict[str, Any]:
         betas=tuple(cfg.optim.betas),
         weight_decay=cfg.optim.weight_decay,
     )
-    x = torch.randn(batch, 3, m.image_size, m.image_size, device=device)
+    x = torch.randn(batch, 3, size, size, device=device)
     y = torch.randint(0, 1000, (batch,), device=device)
     out: dict[str, Any] = dict(
         gpu=True,
         device=torch.cuda.get_device_name(device),
         torch=torch.__version__,
         cuda=torch.version.cuda,
-        model=f"ViT-B/16, {m.image_size} px, {sum(p.numel() for p in model.parameters())} params",
+        model=f"ViT-B/16, {size} px, {sum(p.numel() for p in model.parameters())} params",
         batch=batch,
         steps=steps,
         bf16=True,

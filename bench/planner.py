@@ -24,6 +24,7 @@ import yaml
 from abtrain import config as abconfig
 from abtrain.files import atomic_write_text
 from abtrain.methods import kind
+from abtrain.models import label as model_label
 from abtrain.plan import phase_compute
 from abtrain.planner import Plan, footprint, plan, step_flops, timing
 from pipeline.common import base_config, run_overrides, runs
@@ -125,7 +126,9 @@ def paper_rates(p: dict, ref: list[dict]) -> list[dict]:
                 compute_seconds=rates[name]["compute_seconds"],
                 bytes_ratio=rates[name]["bytes_per_step"] / rates[base]["bytes_per_step"],
                 rate_ratio=rates[name]["gb_per_s"] / rates[base]["gb_per_s"],
-                sync_batchnorm=cfg.dist.sync_batchnorm if cfg.model.name == "resnet50" else None,
+                sync_batchnorm=cfg.dist.sync_batchnorm
+                if model_label(cfg.model) == "resnet50"
+                else None,
                 bytes_ratio_group_bn=before[0]["bytes_per_step"] / before[1]["bytes_per_step"],
                 rate_ratio_group_bn=before[0]["gb_per_s"] / before[1]["gb_per_s"],
                 # AB's bytes over DDP's, by where AB sends them (each over DDP's total)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain.files import atomic_write_text
+from abtrain.models import label
 
 RUNS = ("vgg16-ddp", "vgg16-ab", "vit-ab")  # the baseline of a model is its ddp run
 # a supplementary run: VGG16 AB with the weight decay raised so that AdamW's cumulative
@@ -145,13 +146,10 @@ def collect(
             f"!= the summary's {ratio:.6f}"
         )
     m = cfg["model"]
+    size = {**m, **m.get("kwargs", {})}  # the sizes: model keys, or a factory's arguments
+    shown = [f"{k} {size[k]}" for k in ("width", "embed_dim", "depth") if k in size]
     return dict(
-        model=m["name"]
-        + (
-            f" ({m['layout']}, width {m['width']})"
-            if m["name"] == "vgg16"
-            else f" (width {m.get('width')}, depth {m.get('depth')})"
-        ),
+        model=label(m) + (f" ({', '.join(shown)})" if shown else ""),
         method=summary["method"],
         world_size=summary["world_size"],
         nodes=summary["nodes"],
@@ -222,7 +220,7 @@ def figure(data: dict[str, Any], path: Path) -> None:
 
     def look(name: str, run: dict[str, Any]) -> dict[str, Any]:
         wd = name.endswith("-wd")
-        ls = "-." if "vit" in run["model"] else "--" if wd else "-"
+        ls = "--" if wd else "-" if "vgg" in run["model"] else "-."
         kw = style.marker(run["method"])
         kw.update(ms=0.6 * kw["ms"], ls=ls, lw=1.3, mfc="white" if wd else kw["color"])
         return kw

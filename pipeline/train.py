@@ -78,6 +78,8 @@ def curve(name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def write_outputs(name: str, run: Run, cfg: abconfig.Config, summary: dict[str, Any]) -> None:
+    from abtrain.models import label
+
     result = dict(summary)
     result["run"] = dict(
         name=name,
@@ -85,7 +87,7 @@ def write_outputs(name: str, run: Run, cfg: abconfig.Config, summary: dict[str, 
         ranks_per_node=run.ranks_per_node,
         batch=run.batch,
         global_batch=summary["world_size"] * cfg.batch_size,
-        model=cfg.model.name,  # a run's ddp baseline is that of the same model and data
+        model=label(cfg.model),  # a run's ddp baseline is that of the same model and data
         data=cfg.data.name,
     )
     atomic_write_text(RESULTS / f"{name}.json", json.dumps(result, indent=2))

@@ -17,7 +17,10 @@ tiny=(steps=40 batch_size=16 eval_every=10 checkpoint_every=10
   ab.warmup_steps=8 ab.ab_steps=8 ab.rebound_steps=3 ab.lr_rebound_steps=4
   powersgd.start_iter=5 powersgd.rank=2 tracking.enabled=false tracking.ledger_rows=true)
 synthetic="data={name: synthetic, features: 64, classes: 10, train_samples: 2000, val_samples: 400}"
-resnet=("model={name: resnet50, dropout: 0.0, zero_init_last: true, init: default}"
+# timm's resnet50: REV must know `name: timm` (issue 28 on). Before it this model was
+# `{name: resnet50, dropout: 0.0, zero_init_last: true, init: default}` (torchvision's), with
+# the same parameter names and, at one seed, the same initial weights
+resnet=("model={name: timm, arch: resnet50, kwargs: {drop_rate: 0.0, zero_init_last: true}, init: default}"
   dist.sync_batchnorm=world steps=12 eval_every=6 checkpoint_every=6 ab.warmup_steps=4
   ab.ab_steps=4 ab.rebound_steps=2 batch_size=8)
 runs=(ddp ab powersgd ab_powersgd ab_nogroups ab_individual ab-resnet)

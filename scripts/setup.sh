@@ -13,3 +13,6 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   .venv/bin/pip check
   echo "$want" > "$stamp"
 fi
+# `import abtrain` from anywhere in the environment (examples/, a user's own script), the
+# checkout itself on the path: edits take effect without reinstalling
+.venv/bin/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "abtrain-checkout.pth").write_text(str(pathlib.Path.cwd()) + "\n")'

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Table 2 at CPU scale: VGG16 (timm layout, width 16 miniature) AB and DDP, and the default
+# Table 2 at CPU scale: timm's VGG16 (a width-16 miniature) AB and DDP, and the default
 # mini-ViT (AB) for contrast, on the CIFAR-10 subset of profiles/table2.yaml; 2 nodes x 1
 # rank on this machine (gloo). Then the report's JSON and figure (bench/table2.py).
 # Every run reads profiles/table2.yaml; only method (and model, for the mini-ViT) differ.
@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 CFG=profiles/table2.yaml
 OUT=${TABLE2_RUNS:-runs/table2}
-VIT="model={name: vit, image_size: 32, patch_size: 8, width: 192, depth: 6, heads: 6, mlp_ratio: 4.0, qkv_bias: false, drop_path: 0.0, init: ortho_sigma}"
+# the default mini-ViT of params.yaml: timm's VisionTransformer, width 192
+VIT="model={name: python, factory: timm.models.vision_transformer:VisionTransformer, kwargs: {img_size: 32, patch_size: 8, embed_dim: 192, depth: 6, num_heads: 6, mlp_ratio: 4.0, qkv_bias: false, drop_path_rate: 0.0}, init: ortho_sigma}"
 mkdir -p "$OUT"
 
 $PY -m abtrain prepare --config $CFG

@@ -1,88 +1,42 @@
-"""VGG16 (no batch norm) in torchvision's layout or in timm's, which the authors used.
+"""VGG16 at any width, from timm's own VGG classes: the authors' model and its miniatures.
 
-timm's classifier starts with a 7×7 conv over the features adaptively pooled *up* to 7×7;
-on 32×32 CIFAR images the features are 1×1, so that conv (102.8M of ~134M parameters)
-sees a spatially constant input and compresses extremely well: the paper's 44:1.
+The authors trained timm's `vgg16` on CIFAR-10: its classifier starts with a 7×7 conv over
+the features adaptively pooled *up* to 7×7 (1×1 at 32 px), so that conv (102.8M of ~134M
+parameters) sees a spatially constant input and compresses extremely well: the paper's 44:1.
 
-`width` is the first stage's channels: 64 is VGG16 as published (built by torchvision, so
-the weights are exactly torchvision's); another width scales every stage and the 4096-wide
-classifier alike (a miniature of the same layout, e.g. for CI on CPUs).
+timm's VGG scales its stages by its `cfg` list, but its classifier's 4096 channels are fixed
+(`mlp_ratio` widens only the first conv of the two, and the head reads 4096 features in any
+case). A miniature that keeps the model's proportions (CPU runs of Table 2, the paper
+profile in miniature) needs every width scaled alike, so this factory scales the stages and
+swaps in a ConvMlp and ClassifierHead of the scaled width, timm's own classes with timm's
+init. Use it as `model: {name: python, factory: "abtrain.models.vgg:vgg16", kwargs: {width:
+16, drop_rate: 0.0}}`; at width 64 it is timm's vgg16 exactly (the same bits at one seed).
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
-from torchvision.models import vgg16
-from torchvision.models.vgg import cfgs, make_layers
+from torch import nn
 
-VGG16_WIDTH = 64
+from abtrain.config import ConfigError
+
+VGG16_WIDTH = 64  # the first stage's channels in VGG16 as published
 
 
-def _features(width: int) -> nn.Sequential:
-    if width == VGG16_WIDTH:
-        return vgg16(weights=None).features
-    stages = [v if v == "M" else v * width // VGG16_WIDTH for v in cfgs["D"]]
-    features = make_layers(stages)
-    for m in features.modules():  # torchvision's init
-        if isinstance(m, nn.Conv2d):
-            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            nn.init.zeros_(m.bias)
-    return features
+def vgg16(num_classes: int, width: int = VGG16_WIDTH, drop_rate: float = 0.0) -> nn.Module:
+    """timm's VGG16 (no batch norm) with every stage and the 4096-wide classifier scaled by
+    width/64; drop_rate: dropout in the classifier, timm's (the authors': 0)."""
+    from timm.layers import ClassifierHead
+    from timm.models.vgg import VGG, ConvMlp, cfgs
 
-
-class TimmVGG16(nn.Module):
-    def __init__(self, classes: int, dropout: float, width: int = VGG16_WIDTH) -> None:
-        super().__init__()
-        channels, hidden = 8 * width, 64 * width  # 512 and 4096 at width 64
-        self.features = _features(width)
-        self.pre_logits = nn.Sequential(
-            nn.Conv2d(channels, hidden, 7),
-            nn.ReLU(inplace=True),
-            nn.Dropout(dropout),
-            nn.Conv2d(hidden, hidden, 1),
-            nn.ReLU(inplace=True),
-        )
-        self.head = nn.Linear(hidden, classes)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.features(x)
-        if x.shape[-1] < 7 or x.shape[-2] < 7:
-            x = F.adaptive_avg_pool2d(x, 7)
-        x = self.pre_logits(x)
-        return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
-
-
-class TorchvisionVGG16(nn.Module):
-    """torchvision's VGG16 (same module names) at another width."""
-
-    def __init__(self, classes: int, dropout: float, width: int) -> None:
-        super().__init__()
-        hidden = 64 * width
-        self.features = _features(width)
-        self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
-        self.classifier = nn.Sequential(
-            nn.Linear(8 * width * 7 * 7, hidden),
-            nn.ReLU(True),
-            nn.Dropout(dropout),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(True),
-            nn.Dropout(dropout),
-            nn.Linear(hidden, classes),
-        )
-        for m in self.classifier.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0, 0.01)
-                nn.init.zeros_(m.bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
-
-
-def build_vgg16(layout: str, classes: int, dropout: float, width: int = VGG16_WIDTH) -> nn.Module:
-    if layout == "timm":
-        return TimmVGG16(classes, dropout, width)
-    if width == VGG16_WIDTH:
-        return vgg16(weights=None, num_classes=classes, dropout=dropout)
-    return TorchvisionVGG16(classes, dropout, width)
+    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        raise ConfigError(f"model.kwargs.width: a positive whole number (64: VGG16), not {width!r}")
+    if width == VGG16_WIDTH:  # as timm.create_model("vgg16") builds it, draw for draw
+        return VGG(cfgs["vgg16"], num_classes=num_classes, drop_rate=drop_rate)
+    stages = [v if v == "M" else v * width // VGG16_WIDTH for v in cfgs["vgg16"]]
+    hidden = 4096 * width // VGG16_WIDTH
+    model = VGG(stages, num_classes=num_classes, drop_rate=drop_rate)
+    model.pre_logits = ConvMlp(model.num_features, hidden, 7, drop_rate=drop_rate)
+    model.head = ClassifierHead(hidden, num_classes, pool_type="avg", drop_rate=drop_rate)
+    model.head_hidden_size = hidden
+    model._initialize_weights()  # timm's init over the swapped-in layers too
+    return model

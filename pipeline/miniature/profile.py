@@ -33,7 +33,7 @@ def overrides(src: dict[str, Any]) -> list[tuple[str, Any, str]]:
     """Every change to profiles/paper.yaml: (path pattern, value, what kind of change).
 
     Paths are dotted; `*` matches any run; a run's `set` list and `search.train` are read
-    as key=value, so `experiments.runs.vgg-*.set.model.width` is VGG16's width.
+    as key=value, so `experiments.runs.vgg-*.set.model.kwargs.width` is VGG16's width.
     """
     vgg = "experiments.runs.vgg-*.set"
     return [
@@ -54,7 +54,7 @@ def overrides(src: dict[str, Any]) -> list[tuple[str, Any, str]]:
         ("experiments.runs.*.set.ab.rebound_steps", 1, "size"),
         ("experiments.runs.*.set.ab.lr_rebound_steps", 1, "size"),
         (f"{vgg}.batch_size", 2, "size"),
-        (f"{vgg}.model.width", 8, "size"),  # VGG16's 64 (its 4096-wide classifier: 512)
+        (f"{vgg}.model.kwargs.width", 8, "size"),  # VGG16's 64 (its 4096-wide classifier: 512)
         (f"{vgg}.data.train_per_class", CIFAR10_PER_CLASS["train"], "size"),
         (f"{vgg}.data.val_per_class", CIFAR10_PER_CLASS["val"], "size"),
         ("search.ranks", 4, "size"),  # one worker of search.ranks_per_worker = 4
@@ -62,7 +62,7 @@ def overrides(src: dict[str, Any]) -> list[tuple[str, Any, str]]:
         ("search.train.steps", 8, "size"),
         ("search.train.eval_every", 4, "size"),  # 2 evaluations: the median rule can prune
         ("search.train.batch_size", 4, "size"),
-        ("search.train.model.width", 96, "size"),  # the authors' mini-ViT: 768
+        ("search.train.model.kwargs.embed_dim", 96, "size"),  # the authors' mini-ViT: 768
         ("experiments.slurm.search_nodes", 2, "size"),
         # places: the data, and the cluster (CPU nodes of 4 cores, partition `debug`)
         ("train.data.source", src["imagenet"], "data"),
@@ -178,6 +178,7 @@ def validate(params: dict[str, Any], counts: dict[str, int]) -> dict[str, dict[s
     """
     from abtrain import config as abconfig
     from abtrain import methods
+    from abtrain.models import label
     from pipeline import common
     from search import space
 
@@ -192,7 +193,7 @@ def validate(params: dict[str, Any], counts: dict[str, int]) -> dict[str, dict[s
         if not 2 <= cfg.steps <= 8:
             raise ValueError(f"{name}: {cfg.steps} steps; the miniature wants a step or two")
         plan[name] = dict(
-            model=cfg.model.name,
+            model=label(cfg.model),
             method=cfg.method,
             nodes=run.nodes,
             ranks_per_node=run.ranks_per_node,

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from abtrain.config import model_label
 from abtrain.tracking import git_commit
 from pipeline.report import tables
 from pipeline.report.notes import accuracy_notes, compression_notes, traffic_notes
@@ -88,7 +89,7 @@ def opening(p: dict[str, Any]) -> list[str]:
         f"Python {sys.version.split()[0]}, code at commit `{git_commit()[:12]}`"
         f"{' with uncommitted changes' if code_changed() else ''}. "
         f"Data: `{d.get('source')}` read as `{d['name']}`, prepared as `{d.get('prepared')}`; "
-        f"model: `{p['train']['model']['name']}`; the runs take "
+        f"model: `{model_label(p['train']['model'])}`; the runs take "
         f"{', '.join(f'`{k}`' for k in s.get('use_best', [])) or 'no value'} from the "
         f"`{s['backend']}` search's "
         f"best (`results/search/{s['backend']}/best.json`). Do not edit: rerun the pipeline.",

@@ -88,7 +88,7 @@ def resnet_overrides(out, images, sync: str, method: str = "ddp") -> list[str]:
         "checkpoint_every=1",
         "keep_checkpoints=10",
         # AB: ortho_sigma keeps every rank (σ all 1), as the planner's keep=1.0 assumes
-        f"model={{name: resnet50, dropout: 0.0, zero_init_last: false, "
+        f"model={{name: timm, arch: resnet50, kwargs: {{zero_init_last: false}}, "
         f"init: {'default' if method == 'ddp' else 'ortho_sigma'}}}",
         f"data={{name: imagefolder, source: {images / 'tree'}, sha256: null, "
         f"prepared: {out / 'prepared'}, train_per_class: 0, val_per_class: 0, "

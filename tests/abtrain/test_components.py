@@ -13,12 +13,12 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 from abtrain import evaluation, methods, models, process, results
+from abtrain.abtraining import ABTraining
 from abtrain.checkpointer import Checkpointer, take_folder
 from abtrain.config import ConfigError
 from abtrain.ledger import Ledger
 from abtrain.progress import Progress
 from abtrain.runstate import RunState
-from abtrain.schedule import Phase
 from tests.conftest import tiny_config
 
 
@@ -104,32 +104,34 @@ def test_powersgd_is_counted_without_touching_torch(one_rank):
 
 # ---------------------------------------------------------------- checkpointer
 def test_checkpointer_saves_and_resumes_the_same_state(one_rank, tmp_path):
-    cfg = tiny_config()
+    cfg = tiny_config("method=ddp")
     out = tmp_path / "run"
     model = models.build(cfg, 10, 64)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     model(torch.randn(4, 64)).sum().backward()
     opt.step()
-    run = RunState(step=10, phase=Phase("warmup"), evals=[dict(step=10, val_top1=1.0)])
-    led = Ledger(0, [0])
-    keeper = Checkpointer(out, cfg, 0, 1, 1, torch.device("cpu"))
-    assert keeper.resume(model, {}, None, opt, led) is None  # a new run: its config kept
+    run = RunState(step=10, evals=[dict(step=10, val_top1=1.0)])
+    method = ABTraining(model, opt, cfg)
+    cpu = torch.device("cpu")
+    keeper = Checkpointer(out, cfg, 0, 1, 1, cpu)
+    assert keeper.resume(model, opt, method) is None  # a new run: its config kept
     assert json.loads((out / "config.json").read_text()) == cfg.dump()
-    keeper.save(10, model, opt, run, led, "run-id", writer=0)
+    keeper.save(10, model, opt, run, method, "run-id", writer=0)
     keeper.publish(10)
     after = torch.rand(3)
 
     model2 = models.build(cfg, 10, 64)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=0.01)
-    step, run2 = keeper.resume(model2, {}, None, opt2, Ledger(0, [0]))
+    method2 = ABTraining(model2, opt2, cfg)
+    step, run2 = keeper.resume(model2, opt2, method2)
     assert step == 10 and run2.run_id == "run-id" and run2.evals == run.evals
     for (k, a), b in zip(model.state_dict().items(), model2.state_dict().values()):
         assert torch.equal(a, b), k
     assert torch.equal(torch.rand(3), after)  # the RNG where the checkpoint left it
 
-    other = Checkpointer(out, tiny_config("optim.lr=0.5"), 0, 1, 1, torch.device("cpu"))
+    other = Checkpointer(out, tiny_config("method=ddp", "optim.lr=0.5"), 0, 1, 1, cpu)
     with pytest.raises(RuntimeError, match="optim.lr"):
-        other.resume(model2, {}, None, opt2, Ledger(0, [0]))
+        other.resume(model2, opt2, method2)
 
 
 def test_a_run_folder_takes_one_run(tmp_path):
@@ -168,12 +170,12 @@ def test_train_log_keeps_what_a_checkpoint_saw(tmp_path):
 
 def test_summary_and_final_metrics_agree():
     cfg = tiny_config()
-    run = RunState(step=40, phase=Phase("warmup"), elapsed=12.5, last_loss=0.5)
+    run = RunState(step=40, elapsed=12.5, last_loss=0.5)
     run.evals = [dict(val_top1=20.0, val_loss=2.0), dict(val_top1=30.0, val_loss=1.5)]
-    run.factorizations = [dict(step=8, compression_ratio=2.5, ranks={"l": 3})]
+    facts = [dict(step=8, compression_ratio=2.5, ranks={"l": 3})]
     traffic = dict(inter_node_bytes=4000.0, intra_node_bytes=100.0)
     where = dict(run_name="x", world_size=4, nodes=2, ranks_per_node=2)
-    s = results.summarize(cfg, run, traffic, where, global_batch=64, train_samples=2000)
+    s = results.summarize(cfg, run, facts, traffic, where, global_batch=64, train_samples=2000)
     assert s["val_top1"] == dict(best=30.0, final=30.0) and s["compression_ratio"] == 2.5
     assert s["traffic"]["inter_node_bytes_per_step"] == 4000.0 / cfg.steps
     assert s["epochs"] == cfg.steps * 64 / 2000

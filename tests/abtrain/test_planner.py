@@ -12,7 +12,6 @@ import yaml
 from abtrain import config, lowrank, models, planner, schedule
 from abtrain.ledger import Ledger
 from abtrain.runstate import RunState
-from abtrain.schedule import Phase
 from tests.conftest import ROOT, launch, tiny_config
 
 
@@ -60,16 +59,16 @@ def test_an_ab_replica_holds_the_factors_and_the_moments_of_what_its_group_train
 
 def test_a_ranks_own_file_is_its_buffers_rng_ledger_and_run_state():
     cfg = tiny_config(
-        "model={name: resnet50, dropout: 0.0, zero_init_last: false, init: default}"
+        "model={name: timm, arch: resnet50, kwargs: {zero_init_last: false}, init: default}"
     )  # BatchNorm: 159 buffers
     model = models.build(cfg, 10)
-    run = RunState(phase=Phase("warmup"))
-    run.add_time("compute", 1.0)
+    run = RunState()
+    run.add_time("warmup", "compute", 1.0)
     own = dict(
         run=run.to_dict(),
         buffers=dict(model.named_buffers()),
         rng=dict(torch=torch.get_rng_state(), python=random.getstate()),
-        ledger=Ledger(0, [0]).state(),
+        method=dict(phase=None, factorizations=[], shapes={}, ledger=Ledger(0, [0]).state()),
         replica=0,
     )
     predicted = planner.rank_state_bytes(planner.sizes(cfg, 10), cuda=False)

@@ -90,19 +90,21 @@ def test_the_miniature_differs_from_the_paper_only_in_its_declared_keys(tmp_path
     assert changed_paths(paper(), mini) == declared(paper(), patterns, kept)
     # sizes, not models: ViT-B/16 and ResNet-50 as the paper has them, at 224 px
     assert mini["train"]["model"] == paper()["train"]["model"]
-    assert mini["train"]["model"]["image_size"] == mini["train"]["data"]["image_size"] == 224
+    assert (
+        mini["train"]["model"]["kwargs"]["img_size"] == mini["train"]["data"]["image_size"] == 224
+    )
     for name in ("r50-ddp-2n-local", "r50-ab-2n-local"):
         model = f"experiments.runs.{name}.set.model."
         mine, theirs = (
             {k: v for k, v in leaves(p).items() if k.startswith(model)} for p in (mini, paper())
         )
-        assert mine == theirs and mine[model + "name"] == "resnet50"
+        assert mine == theirs and mine[model + "arch"] == "resnet50"
     assert not any(p.startswith("train.model.") for p in patterns)
     # and the check catches what isn't declared: a narrower ViT-B/16, a dropped node
-    mini["train"]["model"]["width"] = 384
+    mini["train"]["model"]["kwargs"]["embed_dim"] = 384
     mini["experiments"]["runs"]["vit-ab-2n-local"]["nodes"] = 1
     assert changed_paths(paper(), mini) - declared(paper(), patterns, kept) == {
-        "train.model.width",
+        "train.model.kwargs.embed_dim",
         "experiments.runs.vit-ab-2n-local.nodes",
     }
 
@@ -170,14 +172,17 @@ def test_repro_ran_ddp_and_ab_of_every_model_on_two_slurm_nodes(run):
         assert s["run"]["nodes"] == 2 and s["run"]["ranks_per_node"] == 1
         assert s["traffic"]["inter_node_bytes"] > 0
         assert (repo / "runs" / "train" / name / "job.sbatch").read_text().count("--nodes=2") == 1
-        seen.add((cfg["model"]["name"], s["method"]))
-        if cfg["model"]["name"] == "vgg16":
-            assert cfg["model"]["layout"] == "timm" and cfg["data"]["image_size"] == 32
+        seen.add((s["run"]["model"], s["method"]))
+        if s["run"]["model"] == "vgg16":
+            assert cfg["model"]["factory"] == "abtrain.models.vgg:vgg16"
+            assert cfg["data"]["image_size"] == 32
         else:
             assert cfg["data"]["name"] == "imagenet" and cfg["data"]["image_size"] == 224
         if s["method"] == "ab":
             assert s["compression_ratio"] is not None  # it factorised
-    assert seen == {(m, k) for m in ("vit", "resnet50", "vgg16") for k in ("ddp", "ab")}
+    assert seen == {
+        (m, k) for m in ("vit_base_patch16_224", "resnet50", "vgg16") for k in ("ddp", "ab")
+    }
 
 
 @needs_slurm  # the `run` fixture: dvc repro, SLURM jobs of torchrun and mpirun

@@ -61,7 +61,9 @@ def test_every_ab_run_has_the_authors_length_and_share_of_full_rank_steps(name):
     assert cfg.steps == pytest.approx(steps, rel=0.03)
     assert cfg.ab.phase_rule == "authors"
     # their paper runs (c3dbc10) factorised every layer; the committed VGG config keeps two
-    assert cfg.ab.full_rank_layers == ([] if name != "vgg-abng-node-2n" else ["features.0", "head"])
+    assert cfg.ab.full_rank_layers == (
+        [] if name != "vgg-abng-node-2n" else ["features.0", "head.fc"]
+    )
     full = sum(schedule.phase_at(t, cfg).kind in ("warmup", "rebound") for t in range(cfg.steps))
     assert full / cfg.steps == pytest.approx(authors_full_rank_share(steps, w, s, r), abs=0.02)
     assert run.source and ("@c3dbc10 " in run.source or "@c23240c " in run.source)
@@ -72,13 +74,17 @@ def test_the_authors_hyperparameters_are_the_runs():
         run = runs(PAPER)[name]
         return config.from_dict(PAPER["train"], run_overrides(PAPER, run, None, size=size))
 
-    assert cfg("vit-ab-4n-global").model.drop_path == 0.1
+    vit = cfg("vit-ab-4n-global").model
+    assert vit.arch == "vit_base_patch16_224" and vit.kwargs["drop_path_rate"] == 0.1
+    assert vit.kwargs["qkv_bias"] is False
     r50 = cfg("r50-ab-4n-local")
-    assert r50.model.dropout == 0.1 and r50.dist.sync_batchnorm == "world"  # theirs
+    assert r50.model.arch == "resnet50" and r50.model.kwargs["drop_rate"] == 0.1
+    assert r50.dist.sync_batchnorm == "world"  # theirs
     assert r50.optim.weight_decay == 0.1
     assert cfg("r50-ab-4n-global").optim.weight_decay == 0.01  # their common0.01.yaml
     vgg = cfg("vgg-ab-2n", CIFAR10)
-    assert vgg.optim.lr == 0.003 and vgg.steps == 15000 and vgg.model.layout == "timm"
+    assert vgg.optim.lr == 0.003 and vgg.steps == 15000
+    assert vgg.model.factory == "abtrain.models.vgg:vgg16" and vgg.model.kwargs["width"] == 64
 
 
 def authors_lr_restarts(steps: int, w: int, s: int, r: int) -> set[int]:
@@ -161,7 +167,7 @@ def test_resnet50_starts_each_block_as_its_shortcut():
     r50 = config.from_dict(
         PAPER["train"], run_overrides(PAPER, runs(PAPER)["r50-ab-4n-local"], None, size=IMAGENET)
     )
-    assert r50.model.zero_init_last
+    assert r50.model.kwargs["zero_init_last"]
     model = models.build(r50, 10)
     last = [b.bn3.weight for layer in ("layer1", "layer2", "layer3", "layer4")
             for b in getattr(model, layer)]  # fmt: skip
@@ -185,5 +191,5 @@ def test_no_groups_runs_split_sigma_the_authors_way_and_name_their_sources():
     node = runs(PAPER)["vgg-abng-node-2n"]
     assert "ab.group_size=4" in node.set and "ab_2nodes.yaml as committed" in node.source
     cfg = config.from_dict(PAPER["train"], run_overrides(PAPER, node, None, size=CIFAR10))
-    assert cfg.ab.full_rank_layers == ["features.0", "head"]
+    assert cfg.ab.full_rank_layers == ["features.0", "head.fc"]
     assert methods.check_world(cfg, 8, 4) == 4  # B trained inside each node

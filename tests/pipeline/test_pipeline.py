@@ -22,15 +22,18 @@ pytestmark = pytest.mark.pipeline
 
 BIN = Path(sys.executable).parent
 TINY_VIT = {
-    "name": "vit",
-    "image_size": 16,
-    "patch_size": 4,
-    "width": 32,
-    "depth": 2,
-    "heads": 2,
-    "mlp_ratio": 2.0,
-    "qkv_bias": False,
-    "drop_path": 0.0,
+    "name": "python",
+    "factory": "timm.models.vision_transformer:VisionTransformer",
+    "kwargs": {
+        "img_size": 16,
+        "patch_size": 4,
+        "embed_dim": 32,
+        "depth": 2,
+        "num_heads": 2,
+        "mlp_ratio": 2.0,
+        "qkv_bias": False,
+        "drop_path_rate": 0.0,
+    },
     "init": "ortho_sigma",
 }
 
@@ -127,7 +130,7 @@ def test_repro_runs_every_stage_to_a_report_with_measured_numbers(mini):
     for name in ("ddp-2x1", "ab-2x1", "ab-2x1-global"):
         s = json.loads((repo / "results" / f"{name}.json").read_text())
         assert s["steps"] > 0 and s["traffic"]["inter_node_bytes"] > 0
-        assert s["run"]["name"] == name and s["run"]["model"] == "vit"
+        assert s["run"]["name"] == name and s["run"]["model"] == "VisionTransformer"
         assert (repo / "runs" / "train" / name / "train_log.csv").exists()
         # `dvc metrics show`: a few scalars per run, not the summary
         scalars = json.loads((repo / "metrics" / f"{name}.json").read_text())

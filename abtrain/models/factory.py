@@ -1,0 +1,94 @@
+"""Models from outside abtrain: a timm architecture by name, or a user's own factory.
+
+timm is imported only here and only when such a model is asked for: it takes seconds to
+import, and the runs on synthetic data (the tests' MLP) need none of it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from typing import Any
+
+from torch import nn
+
+from abtrain.config import ConfigError, PythonModel
+
+
+def timm_arch_problem(arch: str) -> str | None:
+    """Why timm has no architecture `arch` (with the closest names it has), or None."""
+    import timm
+
+    if timm.is_model(arch):
+        return None
+    close = difflib.get_close_matches(arch, timm.list_models(), n=8, cutoff=0.6)
+    hint = f"the closest: {', '.join(close)}" if close else "see timm.list_models()"
+    return f"timm has no architecture {arch!r} ({hint})"
+
+
+def check_timm_arch(arch: str) -> None:
+    """ValueError (for the config's validation, which names the key) if timm lacks `arch`."""
+    problem = timm_arch_problem(arch)
+    if problem:
+        raise ValueError(problem)
+
+
+def timm_model(arch: str, classes: int, kwargs: dict[str, Any]) -> nn.Module:
+    """timm.create_model with random weights: pretrained=False, so nothing is downloaded."""
+    import timm
+
+    problem = timm_arch_problem(arch)
+    if problem:
+        raise ConfigError(f"model.arch: {problem}")
+    try:
+        return timm.create_model(arch, pretrained=False, num_classes=classes, **kwargs)
+    except TypeError as err:  # an argument the architecture doesn't take
+        raise ConfigError(f"model.kwargs: timm's {arch} refused its arguments: {err}") from err
+
+
+def resolve(spec: str) -> Any:
+    """The callable named by 'package.module:function', imported now (ConfigError naming
+    model.factory if it can't be)."""
+    try:
+        module_name, attr = PythonModel.split(spec)
+    except ValueError as err:
+        raise ConfigError(f"model.factory: {err}") from None
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as err:  # a missing module, or one that fails as it is imported
+        raise ConfigError(
+            f"model.factory: cannot import module {module_name!r} ({type(err).__name__}: {err});"
+            f" it must be installed or on PYTHONPATH on every node"
+        ) from err
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"model.factory: module {module_name!r} has no function {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(
+            f"model.factory: {attr!r} in module {module_name!r} is a {type(obj).__name__}, "
+            f"not a function or class"
+        )
+    return obj
+
+
+def python_model(spec: str, classes: int, kwargs: dict[str, Any]) -> nn.Module:
+    """`spec`'s function called as function(num_classes=classes, **kwargs)."""
+    fn = resolve(spec)
+    try:
+        inspect.signature(fn).bind(num_classes=classes, **kwargs)
+    except TypeError as err:  # checked before the call: a TypeError raised inside the
+        # factory is a bug in it, not a wrong argument, and keeps its own traceback
+        raise ConfigError(
+            f"model.kwargs: {spec} does not take these arguments (it is called with "
+            f"num_classes and model.kwargs): {err}"
+        ) from None
+    except ValueError:  # no signature to check (some builtins): the call will tell
+        pass
+    model = fn(num_classes=classes, **kwargs)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model.factory: {spec} returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model
