@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from abtrain import models, schedule, sync
-from tests.conftest import ROOT, launch, spawn, tiny_config
+from tests.conftest import ROOT, launch, spawn, summary, tiny_config
 
 # A ViT, a ResNet, a ConvNeXt (depthwise 7×7 convs) and a RegNet (grouped convs), shrunk to
 # CPU size through timm's own arguments; 32 px inputs.
@@ -251,3 +251,39 @@ def test_the_example_loop_runs_under_torchrun_on_two_nodes(tmp_path):
     assert "inter-node" in text and "  sync:" in text and "  rebound:" in text
     # the merged model is a plain torchvision ResNet-18 again
     torchvision.models.resnet18(num_classes=10).load_state_dict(torch.load(save, weights_only=True))
+
+
+# ---------------------------------------------------------------- a user's own model, by CLI
+NET = """
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, num_classes, width):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(64, width), nn.GELU(), nn.Linear(width, width))
+        self.out = nn.Linear(width, num_classes)
+
+    def forward(self, x):
+        return self.out(nn.functional.gelu(self.body(x)))
+
+
+def build(num_classes, width=32):
+    return Net(num_classes, width)
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_users_factory_model_trains_through_the_cli(tmp_path):
+    (tmp_path / "my_net.py").write_text(NET)
+    model = "model={name: python, factory: 'my_net:build', kwargs: {width: 48}, init: default}"
+    out = tmp_path / "run"
+    proc = launch(out, model, nnodes=2, nproc=1, env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary(out)
+    assert {n for f in s["factorizations"] for n in f["ranks"]} == {"body.2"}
+    assert s["full_rank_layers"] == {
+        "body.0": "first weight layer (default)",
+        "out": "last weight layer (default)",
+    }
+    assert "body.2,Linear,48x48,48,48,48,1," in (out / "layers.csv").read_text()
