@@ -444,9 +444,11 @@ def write_rate(
     try:
         from abtrain.plan import data_classes
 
-        classes: int | None = data_classes(abconfig.load(a.config, a.set))[0]
+        cfg = abconfig.load(a.config, a.set)
+        classes: int | None = data_classes(cfg)[0]
+        model: dict[str, Any] | None = cfg.model.model_dump(mode="json")
     except (abconfig.ConfigError, OSError):
-        classes = None
+        classes, model = None, None
     name = result_name(a.nodes, a.ranks_per_node, rate)
     if method_overrides is None:
         ran = {r["method"] for r in results}
@@ -461,6 +463,7 @@ def write_rate(
                 overrides=a.set,
                 method_overrides=method_overrides,
                 classes=classes,
+                model=model,  # the report names a benchmark of another model apart
                 results=results,
             ),
             indent=2,

@@ -196,6 +196,7 @@ def report(names: tuple[str, ...], reruns: int, runs_dir: Path, out: Path, cmd: 
         generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         command=cmd,
         backend=params()["search"]["backend"],
+        model=params()["train"]["model"],  # the report names reruns of another model apart
         runs=list(names),
         runs_dir=str(runs_dir),
         rows=rows,

@@ -283,6 +283,7 @@ def report(
         search_best_values=search_best,
         search_best=best["params"] if best else None,
         overrides_extra=["seed=S", "tracking.enabled=false", *extra],
+        model=params()["train"]["model"],  # the report names a study of another model apart
         steps={n: next(iter(r.values()))["steps"] for n, r in found.items()},
         headline_diff_top1=head,
         runs=found,

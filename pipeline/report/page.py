@@ -347,7 +347,12 @@ def verdict(
                 for s in shapes
             )
             + f"; between them the planner's time model, which names the measured fastest at "
-            f"{agree} of those {len(checked)}."
+            f"{agree} of those {len(checked)}"
+            + (
+                "."
+                if main["model"] == p["train"]["model"]
+                else f", made with {tables.EARLIER_MODEL}."
+            )
         )
     table, apart = verdict_table(p, acc, t1, studies, main)
     return ["".join(text), "", *table, "", " ".join(how + apart)]
@@ -392,9 +397,11 @@ def verdict_table(
         if not match:
             apart += [
                 f"{NAMES.get(m, m)} {pm(s['diff'])} over {s['diff']['n']} seeds "
-                f"(`reports/{s['folder']}/`)"
+                f"(`reports/{s['folder']}/`"
+                + ("" if s["same_model"] else f", made with {tables.EARLIER_MODEL}")
+                + ")"
                 for s in mine
-                if s["searched"] and not s["same_values"]
+                if s["searched"] and not (s["same_values"] and s["same_model"])
             ]
         ratio = span([r["ratio_to_ddp"] for r in rows], ".3f") if rows else DASH
         md.append(
@@ -403,8 +410,8 @@ def verdict_table(
         )
     notes = (
         [
-            "Seed studies made from an earlier search record (other values than the runs', "
-            f"so not used above): {'; '.join(apart)}."
+            "Seed studies of another configuration (an earlier search record or model than "
+            f"the runs', so not used above): {'; '.join(apart)}."
         ]
         if apart
         else []
@@ -832,9 +839,12 @@ def seed_pairs(studies: list[dict[str, Any]]) -> list[str]:
     """One line per seed study (tables.seed_studies): its pair's difference in best top-1 at
     each seed, mean ± sd, and how far one method moves over the seeds. A study trained from
     other search values than the committed record's is named apart, not summarised."""
-    out, other = [], []
+    out, other, earlier = [], [], []
     for s in studies:
         link = f"[`{s['folder']}/`]({s['folder']}/README.md)"
+        if not s["same_model"]:
+            earlier.append(link)
+            continue
         if s["searched"] and not s["same_values"]:
             other.append(link)
             continue
@@ -856,6 +866,11 @@ def seed_pairs(studies: list[dict[str, Any]]) -> list[str]:
             f"- Trained from an earlier search result than the committed record (other values, "
             f"another configuration, so not comparable with the tables above): "
             f"{', '.join(other)}."
+        )
+    if earlier:
+        out.append(
+            f"- Made with {tables.EARLIER_MODEL}, before the matrix's runs were retrained on "
+            f"timm's; named here, not compared with the tables above: {', '.join(earlier)}."
         )
     if not out:
         return []
@@ -910,11 +925,11 @@ def search_table(p: dict[str, Any], folders: list[Path], results: list[dict[str,
             f"| {r['backend']} | {r['evaluations']} | {fmt(best.get('error'))} | "
             f"{fmt(best.get('median_error'))} | {fmt(wall, '.0f')} |"
         )
-    lines += ["", *chosen_backend(p, folders), *rerun_spread()]
+    lines += ["", *chosen_backend(p, folders), *rerun_spread(p)]
     return "\n".join(lines) + "\n"
 
 
-def rerun_spread() -> list[str]:
+def rerun_spread(p: dict[str, Any]) -> list[str]:
     """What rerunning the search moved (`python -m bench.search_reruns`), beside the seeds."""
     if not RERUNS.exists():
         return []
@@ -922,9 +937,13 @@ def rerun_spread() -> list[str]:
     out = [
         "",
         f"What a rerun of the search moves ([`search-reruns/`](search-reruns/README.md), "
-        f"`{d['command']}`): {len(d['rows'])} searches with the same settings, the first the "
-        f"one whose record the runs above train from, and {' and '.join(d['runs'])} trained "
-        "from each best (sd: sample standard deviation):",
+        f"`{d['command']}`): {len(d['rows'])} searches with the same settings, "
+        + (
+            "the first the one whose record the runs above train from, "
+            if tables.same_model(d, p)
+            else f"made with {tables.EARLIER_MODEL} (so not the search above), "
+        )
+        + f"and {' and '.join(d['runs'])} trained from each best (sd: sample standard deviation):",
         "",
         "| figure | mean | sd | min | max |",
         "|---|---|---|---|---|",

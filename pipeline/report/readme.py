@@ -47,7 +47,9 @@ def headline(
         lr = [r["params"].get("optim.lr") for r in d["rows"] if "optim.lr" in r["params"]]
         text.append(
             f"What a rerun of the search may move: {gap['n']} Propulate searches with the "
-            f"same settings (`reports/search-reruns/`) chose "
+            f"same settings (`reports/search-reruns/`"
+            + ("" if tables.same_model(d, p) else f", made with {tables.EARLIER_MODEL}")
+            + ") chose "
             + (f"learning rates from {min(lr):.2g} to {max(lr):.2g} and " if lr else "")
             + f"gave an {d['runs'][1]} − {d['runs'][0]} gap of {gap['min']:+.2f} to "
             f"{gap['max']:+.2f} points (sd {gap['std']:.2f}) and a bytes ratio of "

@@ -284,6 +284,14 @@ def search_folders() -> list[Path]:
 
 
 SEED_STUDY_SETS = ("seed=S", "tracking.enabled=false")  # every study's (bench.seeds)
+# what a study's file made before its command recorded the model was trained with
+EARLIER_MODEL = "the earlier model (abtrain's own ViT, before the models were timm's)"
+
+
+def same_model(data: dict[str, Any], p: dict[str, Any]) -> bool:
+    """Whether a study's file (seeds.json, reruns.json, network-*.json) was made with the
+    matrix's model: the `model` its command recorded (a file without one predates it)."""
+    return data.get("model") == p["train"]["model"]
 
 
 def search_record(p: dict[str, Any]) -> dict[str, Any] | None:
@@ -298,8 +306,9 @@ def seed_studies(p: dict[str, Any]) -> list[dict[str, Any]]:
     `folder`, `data` (its seeds.json), `extra` (overrides beyond the seed's), `searched`
     (trained with search values), `same_values` (with the values the matrix trains: the
     committed record's, compared value by value, or none where the matrix takes none) and
-    `matches` (same values and no extra override: the configuration of the report's runs).
-    A study that names no values (`search_best`) can't be checked, so it does not match."""
+    `same_model` (made with the matrix's model) and `matches` (same values and model, no
+    extra override: the configuration of the report's runs). A study that names no values
+    (`search_best`) can't be checked, so it does not match."""
     record = search_record(p)
     out = []
     for path in sorted(REPORTS.glob("seeds*/seeds.json")):
@@ -318,7 +327,8 @@ def seed_studies(p: dict[str, Any]) -> list[dict[str, Any]]:
                 extra=extra,
                 searched=searched,
                 same_values=same,
-                matches=same and not extra,
+                same_model=same_model(data, p),
+                matches=same and not extra and same_model(data, p),
             )
         )
     return out
@@ -366,15 +376,16 @@ def first_to_target(path: Path | None = None) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     data = json.loads(path.read_text())
-    steps = None
+    steps, model = None, None
     for other in sorted(path.parent.glob("network-*.json")):
         if other == path:
             continue
-        sets = json.loads(other.read_text()).get("overrides", [])
+        run = json.loads(other.read_text())
+        model = model or run.get("model")
+        sets = run.get("overrides", [])
         found = [int(x.split("=", 1)[1]) for x in sets if x.startswith("steps=")]
-        if found:
+        if found and steps is None:
             steps = found[0]
-            break
     out = []
     for s in data["shapes"]:
         curves = s["model_curves"]
@@ -410,6 +421,7 @@ def first_to_target(path: Path | None = None) -> list[dict[str, Any]]:
                 ranks_per_node=s["ranks_per_node"],
                 target_top1=s["target_top1"],
                 steps=steps,
+                model=model,  # the model its runs trained (None: recorded before timm's)
                 methods=methods,
                 grid=(grid[0], grid[-1]),
                 leads=leads,

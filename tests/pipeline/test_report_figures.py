@@ -82,6 +82,14 @@ def reported(tmp_path_factory):
         shutil.copy2(ROOT / f, repo / f)
     p = yaml.safe_load((repo / "params.yaml").read_text())
     matrix = p["experiments"]["runs"]
+    # the studies as made with this model, the searched ones from the copied record
+    record = json.loads((repo / "results/search/propulate/best.json").read_text())["params"]
+    for f in ("seeds", "seeds-best-abps", "seeds-best-ab"):
+        d = json.loads((repo / "reports" / f / "seeds.json").read_text())
+        d["model"] = p["train"]["model"]
+        if d["search_best_values"]:
+            d["search_best"] = record
+        (repo / "reports" / f / "seeds.json").write_text(json.dumps(d))
     (repo / "results").mkdir(exist_ok=True)  # holds the search's record already
     (repo / "plots").mkdir()
     for name, run in matrix.items():

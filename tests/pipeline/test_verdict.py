@@ -12,7 +12,9 @@ from pipeline.report import page, tables
 from tests.conftest import ROOT
 
 RECORD = {"optim.lr": 0.0012, "ab.sigma_cutoff": 0.39}
+MODEL = {"name": "timm", "arch": "vit_tiny_patch16_224", "kwargs": {}, "init": "default"}
 P = {
+    "train": {"model": MODEL},
     "search": {"backend": "propulate", "use_best": ["optim.lr", "ab.sigma_cutoff"]},
     "experiments": {
         "runs": {
@@ -39,9 +41,10 @@ PAPER = {
 }
 
 
-def study(folder, compared, per_seed, values, extra=()):
+def study(folder, compared, per_seed, values, extra=(), model=MODEL):
     """reports/FOLDER/seeds.json as bench.seeds writes it; `values`: the search values it
-    trained with (None: without the search's values)."""
+    trained with (None: without the search's values); `model` None: written before the
+    command recorded its model."""
     n = len(per_seed)
     mean = sum(per_seed) / n
     sd = (sum((x - mean) ** 2 for x in per_seed) / (n - 1)) ** 0.5
@@ -54,6 +57,7 @@ def study(folder, compared, per_seed, values, extra=()):
         search_best_values=values is not None,
         **({"search_best": values} if values else {}),
         overrides_extra=["seed=S", "tracking.enabled=false", *extra],
+        **({"model": model} if model else {}),
         summary=dict(
             methods={"ddp-2x2": {"best_top1": best}, compared: {"best_top1": best}},
             difference=dict(
@@ -68,7 +72,7 @@ def study(folder, compared, per_seed, values, extra=()):
     path.write_text(json.dumps(data))
 
 
-def network(leads_ab=False):
+def network(leads_ab=False, model=MODEL):
     """bench/results/network-rates.json: the model has powersgd first below 100 Mbit/s and
     ddp above, or (leads_ab) ab first between 100 and 1000 Mbit/s."""
     grid = [10.0 * 10 ** (i / 10) for i in range(31)]  # 10 Mbit/s to 10 Gbit/s
@@ -94,7 +98,8 @@ def network(leads_ab=False):
     path = tables.NETWORK_RATES
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(shapes=[{**shape, "model_curves": curves}])))
-    (path.parent / "network-50mbit.json").write_text(json.dumps(dict(overrides=["steps=160"])))
+    made = dict(overrides=["steps=160"], **({"model": model} if model else {}))
+    (path.parent / "network-50mbit.json").write_text(json.dumps(made))
 
 
 ACC = [
@@ -129,6 +134,7 @@ def here(tmp_path, monkeypatch):
     study("seeds", "ab-2x2", [-0.7, -0.8, -0.9], None)
     study("seeds-best-psgd", "psgd-2x2", [-0.2, -0.3, -0.4], {"optim.lr": 0.001})
     study("seeds-best-ab-variant", "ab-2x2", [-5.0, -6.0, -7.0], RECORD, ["ab.ab_steps=9"])
+    study("seeds-best-ab-vit", "ab-2x2", [-8.0, -9.0, -10.0], RECORD, model=None)
     network()
     return tmp_path
 
@@ -141,6 +147,7 @@ def test_the_verdict_takes_the_study_made_with_the_runs_values(here):
         "seeds-a-earlier": False,  # other values
         "seeds-best-ab": True,
         "seeds-best-ab-variant": False,  # the same values, and another override
+        "seeds-best-ab-vit": False,  # the same values, an earlier model
         "seeds-best-psgd": False,
     }
     md = page.verdict(P, ACC, T1, PAPER, studies)
@@ -152,13 +159,14 @@ def test_the_verdict_takes_the_study_made_with_the_runs_values(here):
     whole = "\n".join(md)
     for other in ("-0.50", "0.80", "-6.00", "seeds-a-earlier", "seeds-best-ab-variant"):
         assert other not in whole, other
+    assert "-9.00" not in whole and "earlier model" not in md[0]
     ab = next(line for line in md if line.startswith("| AB (`ab`)"))
     assert "| -2.00 ± 1.00 (3 seeds) |" in ab and ab.endswith("| never |")
     # powersgd's only study is of other values: the table keeps the run's one seed and the
     # study is named apart as an earlier record's
     psgd = next(line for line in md if line.startswith("| PowerSGD"))
     assert "| -1.55 (1 seed) |" in psgd and psgd.endswith("| below 100 Mbit/s |")
-    assert "earlier search record (other values" in whole and "-0.30 ± 0.10" in whole
+    assert "an earlier search record or model" in whole and "-0.30 ± 0.10" in whole
     # the page's noise claims are the matching study's too, not reports/seeds/'s
     study = page.matching_study(studies, ACC, P)
     notes = page.accuracy_paragraphs([{**r, "best_top1": 1, "final_top1": 1} for r in ACC], study)
@@ -167,6 +175,16 @@ def test_the_verdict_takes_the_study_made_with_the_runs_values(here):
     assert "`reports/seeds/`" not in seed
     section = "\n".join(page.seeds_section(studies, study))
     assert "[`seeds-best-ab/`](seeds-best-ab/README.md) is made with the values" in section
+    # the study of the earlier model is named as such, not summarised
+    earlier = next(line for line in section.splitlines() if "seeds-best-ab-vit" in line)
+    assert tables.EARLIER_MODEL in earlier and "-9.00" not in earlier
+
+
+def test_a_network_benchmark_of_an_earlier_model_is_named_so(here):
+    assert tables.EARLIER_MODEL not in "\n".join(page.verdict(P, ACC, T1, PAPER, []))
+    network(model=None)
+    md = page.verdict(P, ACC, T1, PAPER, [])
+    assert f"made with {tables.EARLIER_MODEL}" in "\n".join(md)
 
 
 def test_without_a_matching_study_the_verdict_says_so(here):
@@ -205,19 +223,25 @@ def test_first_to_target_follows_the_model_across_link_rates(here):
 
 
 def test_the_committed_verdict_is_the_matching_seed_studys(monkeypatch):
-    """On the committed files: ab-2x2 − ddp-2x2 from reports/seeds-best-ab (made with the
-    committed record's values), and no study that names no values, or others, matches."""
+    """On the committed files: a study matches only if made with the committed record's
+    values, no other override and the matrix's model; the verdict's ± is that study's, or
+    (none matching) no study's."""
     monkeypatch.chdir(ROOT)
     p = params()
     done = tables.load_runs(p)
     acc, t1 = tables.accuracy(done), tables.table1(done)
     studies = tables.seed_studies(p)
-    study = page.matching_study(studies, acc, p)
-    assert study["folder"] == "seeds-best-ab"
-    record = tables.search_record(p)["params"]
+    record = (tables.search_record(p) or {}).get("params")
     for s in studies:
-        assert s["matches"] == (s["data"].get("search_best") == record and not s["extra"])
-    d = study["diff"]
+        same = (
+            s["data"].get("search_best") == record and s["data"].get("model") == p["train"]["model"]
+        )
+        assert s["matches"] == (same and not s["extra"])
+    study = page.matching_study(studies, acc, p)
     text = page.verdict(p, acc, t1, json.loads(page.PAPER.read_text()), studies)[0]
-    assert f"{-d['mean']:.2f} ± {d['sd']:.2f} points below DDP's" in text
+    if study:
+        d = study["diff"]
+        assert f"{-d['mean']:.2f} ± {d['sd']:.2f} points below DDP's" in text
+    else:
+        assert "one seed per scale" in text
     assert "`reports/seeds/`" not in text
