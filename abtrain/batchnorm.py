@@ -95,19 +95,16 @@ class SyncedBatchNorm2d(nn.BatchNorm2d):
 
 
 def convert(model: nn.Module) -> int:
-    """Replace every BatchNorm2d of `model` by a SyncedBatchNorm2d in place, state kept;
-    returns how many were replaced."""
+    """Make every BatchNorm2d of `model` a SyncedBatchNorm2d in place; returns how many.
+
+    The module itself changes class (the subclass adds no state): its parameters stay the
+    same objects, so an optimizer made before holds them still, as do its buffers and
+    hooks."""
     count = 0
-    for name, child in model.named_children():
+    for child in model.modules():
         if type(child) is nn.BatchNorm2d:
-            synced = SyncedBatchNorm2d(
-                child.num_features, child.eps, child.momentum, child.affine
-            ).to(child.weight.device)
-            synced.load_state_dict(child.state_dict())
-            setattr(model, name, synced)
+            child.__class__ = SyncedBatchNorm2d
             count += 1
-        else:
-            count += convert(child)
     return count
 
 

@@ -120,3 +120,15 @@ def test_resnet50_ranks_hold_identical_batchnorm_statistics_after_every_step(
     predicted = planner.plan(tiny_config(*overrides), nodes=2, ranks_per_node=1, classes=2)
     measured = summary(tmp_path / "run")["traffic"]["inter_node_bytes"]
     assert predicted.inter_bytes == pytest.approx(measured, rel=1e-9), tmp_path
+
+
+def test_conversion_keeps_the_parameters_an_optimizer_made_before_holds():
+    """A user's loop makes its optimizer before ABTraining converts the batch norms: the
+    optimizer must still hold the model's parameters, or batch norm would never train."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    before = list(model.parameters())
+    opt = torch.optim.AdamW(model.parameters())
+    assert batchnorm.convert(model) == 1
+    assert type(model[1]) is batchnorm.SyncedBatchNorm2d
+    assert all(a is b for a, b in zip(model.parameters(), before, strict=True))
+    assert all(p is q for p, q in zip(opt.param_groups[0]["params"], before, strict=True))
