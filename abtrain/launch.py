@@ -181,7 +181,7 @@ def refusal(args: Sequence[str]) -> str | None:
     if ns.config is None:
         return None
     # imported here: the launcher needs torch only to build the model it checks
-    from abtrain.__main__ import refuse_unfactorisable
+    from abtrain.check import refuse_unfactorisable
     from abtrain.config import ConfigError, load
 
     try:

@@ -15,7 +15,8 @@ from torch import nn
 from torch.nn.utils import parametrizations
 
 from abtrain import launch, lowrank, results
-from abtrain.__main__ import check_model, main
+from abtrain.__main__ import main
+from abtrain.check import check_model
 from abtrain.config import ConfigError
 from tests.conftest import PARAMS, TINY, tiny_config
 

@@ -1,0 +1,235 @@
+"""`python -m abtrain check`: a config, the world it runs on and its model's weight layers
+(which AB factorises, their shapes, or why each is kept full rank), before anyone trains;
+and the refusals `train` and the launcher make before any process starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from abtrain.config import AB_METHODS, ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from abtrain.config import Config
+    from abtrain.lowrank import LayerChoice
+
+# torch loads only where a model is built: `check_batch` serves `train` before torchrun
+
+
+def check_batch(cfg, world_size: int) -> list[str]:
+    """Refuse a global batch larger than the training set; returns notes for the user."""
+    if cfg.data.name == "synthetic":
+        n, origin = cfg.data.train_samples, "data.train_samples"
+    else:
+        from abtrain.prepare import train_size
+
+        n, origin = train_size(cfg.data)
+    if n is None:
+        return [f"batch_size not checked against the training set: {origin} (run prepare)"]
+    if cfg.batch_size * world_size > n:
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} on {world_size} ranks is a global batch of "
+            f"{cfg.batch_size * world_size}, more than the {n} training samples ({origin})"
+        )
+    return []
+
+
+def model_shape(cfg: Config) -> tuple[int, int, str | None]:
+    """(classes, features) the config's model is built with, as the trainer's task will
+    have them, and a note where the classes are assumed (data not prepared yet)."""
+    d = cfg.data
+    if d.name == "synthetic":
+        return d.classes, d.features, None
+    known = {"cifar10": 10, "cifar100": 100}
+    if d.name in known:
+        return known[d.name], 0, None
+    try:  # the classes `prepare` found
+        meta = json.loads((Path(d.prepared) / "meta.json").read_text())
+        return len(meta["classes"]), 0, None
+    except (OSError, ValueError, KeyError, TypeError):
+        assumed = 1000
+        return assumed, 0, f"data.prepared holds no classes yet (run prepare): assumed {assumed}"
+
+
+def build_model(cfg: Config, classes: int, features: int) -> nn.Module:
+    """The config's model, on the meta device where it builds there (shapes only: fast for
+    any size), else on the CPU; the global RNG is left as it was."""
+    import torch
+
+    from abtrain import models
+
+    with torch.random.fork_rng(devices=[]):  # build() seeds the global generator
+        try:
+            with torch.device("meta"):
+                return models.build(cfg, classes, features)
+        except Exception:  # a model whose construction reads values (.item(), numpy)
+            return models.build(cfg, classes, features)
+
+
+def _label(cfg: Config) -> str:
+    from abtrain.models import label
+
+    return label(cfg.model)
+
+
+def check_model(cfg: Config, model: nn.Module) -> tuple[list[LayerChoice], list[str]]:
+    """Survey the config's model as AB would convert it: (lowrank.survey, notes). Under an
+    AB method, a model with no layer to factorise is refused (ConfigError), as is a
+    pattern of ab.full_rank_layers that names no layer."""
+    from abtrain import lowrank
+
+    notes = [n for n in model_shape(cfg)[2:] if n]
+    ab = cfg.method in AB_METHODS
+    try:
+        choices = lowrank.survey(model, cfg.ab.full_rank_layers)
+    except ConfigError as err:
+        if ab:
+            raise
+        notes.append(f"{err} (ignored: {cfg.method} factorises nothing)")
+        choices = lowrank.survey(model, None)
+    if ab and not any(c.factorised for c in choices):
+        kept = lowrank.kept_full_rank(choices)
+        why = "; ".join(f"{n}: {r}" for n, r in list(kept.items())[:4])
+        more = f"; {len(kept) - 4} more" if len(kept) > 4 else ""
+        chosen = any("(default)" in r or "full_rank_layers" in r for r in kept.values())
+        hint = "; ab.full_rank_layers: [] would factorise those it keeps" if chosen else ""
+        raise ConfigError(
+            f"model {_label(cfg)}: no layer for {cfg.method} to factorise, every weight "
+            f"layer is kept full rank ({why or 'the model has none'}{more}){hint}"
+        )
+    return choices, notes
+
+
+def refuse_unfactorisable(cfg: Config) -> None:
+    """Under an AB method, refuse (ConfigError) a model with no layer to factorise, before
+    any process starts. A model that can't be built is let through: the trainer reports
+    its error where it always did."""
+    if cfg.method not in AB_METHODS:
+        return
+    classes, features, _ = model_shape(cfg)
+    try:
+        model = build_model(cfg, classes, features)
+    except Exception:
+        return
+    check_model(cfg, model)
+
+
+def layer_table(choices: list[LayerChoice], model: nn.Module) -> list[str]:
+    """The survey as a table: each weight layer's kind, weight shape, matrix rows x cols
+    and parameters (W; A = rows*k and B = k*cols at k = min(rows, cols), the most an AB
+    phase holds) or why it is kept full rank; then the totals."""
+    rows = [("layer", "kind", "weight", "matrix", "W", "A", "B")]
+    for c in choices:
+        weight = "x".join(map(str, c.shape)) if c.shape else "?"
+        matrix = f"{c.rows}x{c.cols}" if c.shape else "?"
+        w = f"{c.params:,}" if c.shape else "?"
+        k = c.full_rank
+        ab = (f"{c.rows * k:,}", f"{k * c.cols:,}") if c.factorised else ("", "")
+        rows.append((c.name or "(model)", c.kind, weight, matrix, w, *ab))
+    width = [max(len(r[i]) for r in rows) for i in range(7)]
+    lines = []
+    for r, c in zip(rows, [None, *choices]):
+        left = "  ".join(r[i].ljust(width[i]) for i in range(4))
+        line = f"{left}  {r[4].rjust(width[4])}"
+        if c is None or c.factorised:
+            line += f"  {r[5].rjust(width[5])}  {r[6].rjust(width[6])}"
+        else:
+            line += f"  kept: {c.reason}"
+        lines.append(line.rstrip())
+    # each parameter tensor once: a weight shared by two layers, or by a layer and an
+    # embedding, is counted where it first appears, so the four lines add up to the total
+    params = {id(p): p.numel() for p in model.parameters()}
+    counted: set[int] = set()
+    held = {True: 0, False: 0}
+    for c in choices:
+        module = model.get_submodule(c.name) if c.name else model
+        w = module._parameters.get("weight")
+        if w is not None and id(w) in params and id(w) not in counted and c.shape:
+            counted.add(id(w))
+            held[c.factorised] += params[id(w)]
+    done = [c for c in choices if c.factorised]
+    a = sum(c.rows * c.full_rank for c in done)
+    b = sum(c.full_rank * c.cols for c in done)
+    total = sum(params.values())
+    lines += [
+        f"factorised: {_count(len(done), 'layer')}, {held[True]:,} parameters "
+        f"(A {a:,} + B {b:,} at full rank)",
+        f"kept full rank: {_count(len(choices) - len(done), 'layer')}, {held[False]:,} parameters",
+        f"other parameters (biases, norms, tokens): {total - held[True] - held[False]:,}",
+        f"total: {total:,} parameters",
+        "A = rows x k, B = k x cols at the full rank k = min(rows, cols), the most AB holds",
+    ]
+    return lines
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' * (n != 1)}"
+
+
+def survey_line(cfg: Config, choices: list[LayerChoice]) -> str:
+    """One line on the model's weight layers, and the reasons some are kept full rank."""
+    kept = [c for c in choices if not c.factorised]
+    reasons: dict[str, int] = {}
+    for c in kept:
+        reasons[c.reason] = reasons.get(c.reason, 0) + 1
+    why = [f"{r} x{n}" if n > 1 else r for r, n in reasons.items()]
+    lines = [
+        f"model {_label(cfg)}: {len(choices)} weight layers, "
+        f"{len(choices) - len(kept)} factorised by AB, {len(kept)} kept full rank"
+        + (":" if why else "")
+    ]
+    for i, reason in enumerate(why):  # wrapped at 100 columns between reasons
+        item = reason + (";" if i < len(why) - 1 else "")
+        if len(lines) > 1 and len(lines[-1]) + 1 + len(item) <= 100:
+            lines[-1] += " " + item
+        else:
+            lines.append("  " + item)
+    return "\n".join(lines)
+
+
+def run_check(
+    cfg: Config, path: str, world_size: int | None, ranks_per_node: int | None, layers: bool = False
+) -> int:
+    from abtrain import methods
+
+    notes = []
+    if world_size is None:
+        world_size, ranks_per_node = methods.make(cfg.method).smallest_world(cfg, ranks_per_node)
+        notes.append(
+            f"no --world-size: checked on the fewest ranks {cfg.method} runs on, "
+            f"{world_size // ranks_per_node} node(s) x {ranks_per_node}; "
+            "pass --world-size N --ranks-per-node M to check a cluster"
+        )
+    elif ranks_per_node is None:
+        ranks_per_node = world_size
+        notes.append(f"no --ranks-per-node: checked as one node of {world_size} ranks")
+    try:
+        methods.check_world(cfg, world_size, ranks_per_node)
+    except ConfigError as err:
+        raise ConfigError(f"{err} ({'; '.join(notes)})" if notes else str(err)) from None
+    notes += check_batch(cfg, world_size)
+    classes, features, _ = model_shape(cfg)
+    try:
+        model = build_model(cfg, classes, features)
+    except ConfigError:
+        raise
+    except Exception as err:  # the config's own model: its error is the config's
+        raise ConfigError(
+            f"model {_label(cfg)}: could not be built: {type(err).__name__}: {err}"
+        ) from None
+    choices, model_notes = check_model(cfg, model)
+    notes += model_notes
+    print(f"{path}: valid ({cfg.method}, {world_size} ranks)")
+    if cfg.method not in AB_METHODS:
+        notes.append(f"{cfg.method} trains every layer full rank; the layers are as AB's")
+    print(survey_line(cfg, choices))
+    if layers:
+        print("\n".join(layer_table(choices, model)))
+    else:
+        notes.append("--layers lists each weight layer with its shapes and parameters")
+    for note in notes:
+        print(f"note: {note}")
+    return 0
