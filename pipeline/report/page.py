@@ -398,7 +398,7 @@ def verdict_table(
             apart += [
                 f"{NAMES.get(m, m)} {pm(s['diff'])} over {s['diff']['n']} seeds "
                 f"(`reports/{s['folder']}/`"
-                + ("" if s["same_model"] else f", made with {tables.EARLIER_MODEL}")
+                + ("" if s["same_model"] else ", the earlier model")
                 + ")"
                 for s in mine
                 if s["searched"] and not (s["same_values"] and s["same_model"])
@@ -408,14 +408,14 @@ def verdict_table(
             f"| {NAMES.get(m, m)} (`{m}`) | {ratio} | {diff} | "
             f"{lead_text(shape, m) if shape else DASH} |"
         )
-    notes = (
-        [
+    notes = []
+    if apart:
+        notes.append(
             "Seed studies of another configuration (an earlier search record or model than "
             f"the runs', so not used above): {'; '.join(apart)}."
-        ]
-        if apart
-        else []
-    )
+        )
+        if any("the earlier model" in x for x in apart):
+            notes.append(f"The earlier model: {tables.EARLIER_MODEL_WHAT}.")
     return md, notes
 
 

@@ -285,7 +285,8 @@ def search_folders() -> list[Path]:
 
 SEED_STUDY_SETS = ("seed=S", "tracking.enabled=false")  # every study's (bench.seeds)
 # what a study's file made before its command recorded the model was trained with
-EARLIER_MODEL = "the earlier model (abtrain's own ViT, before the models were timm's)"
+EARLIER_MODEL_WHAT = "abtrain's own ViT, before the models were timm's"
+EARLIER_MODEL = f"the earlier model ({EARLIER_MODEL_WHAT})"
 
 
 def same_model(data: dict[str, Any], p: dict[str, Any]) -> bool:
