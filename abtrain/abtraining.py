@@ -216,13 +216,17 @@ class ABTraining:
 
     def _sync(self) -> None:
         """A and B averaged as `ab.sync_mode` says (with the other parameters and the
-        moments every group trained, over the world); then W = A·B."""
+        moments every group trained, over the world); then W = A·B. (`rank0`: W = A·B,
+        then rank 0's state to every rank.)"""
         moments = [
             state[key]
             for p in sync.shared_params(self.model, self.layers)
             if (state := self.optimizer.state.get(p))
             for key in ("exp_avg", "exp_avg_sq")
         ]
+        if self.cfg.ab.sync_mode == "rank0":  # the authors' no-groups runs at c3dbc10
+            sync.take_rank0(self.model, self.layers, self.ledger, self.fanout)
+            return
         sync.average(
             self.model, self.layers, self.groups, self.cfg.ab.sync_mode, self.ledger, moments
         )

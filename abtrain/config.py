@@ -149,6 +149,10 @@ class ImageData(_Section):
     prepared: str  # folder the prepare step writes and training reads
     train_per_class: int = Field(ge=0)  # stratified subset; 0: all
     val_per_class: int = Field(ge=0)
+    # ImageNet's ReaL labels (real.json: one list per validation image, in file-number
+    # order): the images without one are left out of validation and the rest scored with
+    # their original labels, as the authors' `use_real` did. None: every image
+    real_labels: str | None
     image_size: int = Field(gt=0)  # training crop; small sizes are cached as tensors
     augment: bool
     workers: int = Field(ge=0)  # decoding processes for images read from files; 0: in-process
@@ -157,6 +161,8 @@ class ImageData(_Section):
     def _source(self) -> ImageData:
         if self.source is None and self.name not in ("cifar10", "cifar100"):
             raise ValueError(f"data.source is required for data set {self.name!r}")
+        if self.real_labels is not None and self.name != "imagenet":
+            raise ValueError(f"data.real_labels is for ImageNet's validation set, not {self.name}")
         return self
 
 
@@ -214,7 +220,9 @@ class ABConfig(_Section):
     # groups" at c3dbc10: A = U, B = ΣVᵀ), which only a method whose ranks all train the
     # same factor admits (the sync averages A and B as they are)
     split_sigma: bool
-    sync_mode: Literal["with_stale", "only_learned"]
+    # with_stale (the paper's) | only_learned | rank0: no averaging, rank 0's state to
+    # every rank (the authors' "no groups" at c3dbc10; ab_nogroups only)
+    sync_mode: Literal["with_stale", "only_learned", "rank0"]
     group_size: int | None = Field(gt=0)  # None: the ranks of one node
     full_rank_layers: list[str] | None  # None: first and last weight layer
     optimizer_state: Literal["carry", "reset"]
@@ -239,6 +247,15 @@ class DistConfig(_Section):
     sync_batchnorm: Literal["local", "group", "world"]
 
 
+class EarlyStop(_Section):
+    """The authors' early stopping (their ImageNet configs): stop once `after` of the run's
+    evaluations are done (counted from 0, as their epochs) with the best top-1 below
+    `min_top1` percent."""
+
+    after: float = Field(gt=0, le=1)
+    min_top1: float = Field(ge=0, le=100)
+
+
 class Config(_Section):
     method: Method
     seed: int
@@ -248,6 +265,7 @@ class Config(_Section):
     bf16: bool  # autocast the forward pass to bfloat16
     checkpoint_every: int = Field(ge=0)  # 0: only at the end
     keep_checkpoints: int = Field(ge=1)
+    early_stopping: list[EarlyStop]  # [] never stops early
     model: ModelConfig
     data: DataConfig
     optim: OptimConfig
@@ -266,6 +284,16 @@ class Config(_Section):
             raise ValueError(
                 f"ab.split_sigma=false needs every rank to train the same factor "
                 f"(ab_nogroups); {self.method} averages A and B trained in different forms"
+            )
+        if (
+            self.ab.sync_mode == "rank0"
+            and self.method in AB_METHODS
+            and (self.method != "ab_nogroups")
+        ):
+            raise ValueError(
+                f"ab.sync_mode=rank0 (rank 0's state to every rank, the authors' no-groups "
+                f"runs at c3dbc10) is for ab_nogroups; {self.method} would drop the other "
+                "groups' factor"
             )
         return self
 

@@ -1,8 +1,11 @@
 """W = A·B: the SVD split, and layers that can hold their weight either way.
 
-A conv weight (out, in, kh, kw) is treated as the matrix out × in·kh·kw. In factorised form a
-Linear runs as two matmuls and a conv as a k-channel conv followed by a 1×1 conv, so the
-full W is never rebuilt during the AB phase.
+A conv weight (out, in, kh, kw) is treated as the matrix out × in·kh·kw. As the authors' code
+does, that matrix is turned upright before the SVD: a wide one (out < in·kh·kw) is transposed,
+so A is always the long side (max × k) and B the short one (k × min). Which factor a group
+trains, and what the "no groups" runs train and send, follows from that rule. In factorised
+form a Linear runs as two matmuls and a conv as a k-channel conv followed by a 1×1 conv, so
+the full W is never rebuilt during the AB phase.
 """
 
 from __future__ import annotations
@@ -22,20 +25,37 @@ def as_matrix(weight: Tensor) -> Tensor:
     return weight.reshape(weight.shape[0], -1)
 
 
+def is_wide(shape: tuple[int, ...] | torch.Size) -> bool:
+    """The matrix view out × in·kh·kw has fewer rows than columns (the authors transpose it)."""
+    return shape[0] < math.prod(shape[1:])
+
+
+def upright(weight: Tensor) -> Tensor:
+    """The matrix the SVD splits: the matrix view, transposed if wide (rows ≥ cols)."""
+    m = as_matrix(weight)
+    return m.t() if is_wide(weight.shape) else m
+
+
+def factor_shapes(shape: tuple[int, ...] | torch.Size, k: int) -> tuple[tuple[int, int], ...]:
+    """The shapes of A and B of a weight of `shape` at rank k: (max × k), (k × min)."""
+    rows, cols = shape[0], math.prod(shape[1:])
+    return (max(rows, cols), k), (k, min(rows, cols))
+
+
 def keep_rank(sigma: Tensor, sigma_cutoff: float) -> int:
     """How many singular values lie strictly above sigma_cutoff·σ_max (at least 1)."""
     return max(1, int((sigma > sigma_cutoff * sigma[0]).sum()))
 
 
 def svd(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Thin SVD of the matrix view, in float32 whatever the parameter's dtype.
+    """Thin SVD of the upright matrix view, in float32 whatever the parameter's dtype.
 
     LAPACK's float32 divide-and-conquer SVD can fail on a well-conditioned matrix (seen with
     MKL on one thread: "Parameter 4 was incorrect on entry to SLASCL", σ between 0.5 and 2):
     such a matrix is decomposed again in float64, deterministically, so every rank holding
     the same weights still gets the same factors.
     """
-    m = as_matrix(weight).float()
+    m = upright(weight).float()
     try:
         return torch.linalg.svd(m, full_matrices=False)
     except torch.linalg.LinAlgError:
@@ -46,8 +66,9 @@ def svd(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def split(
     u: Tensor, s: Tensor, vh: Tensor, k: int, sigma_to: str = "both"
 ) -> tuple[Tensor, Tensor]:
-    """A = U_k Σ_k^½ (out × k), B = Σ_k^½ V_kᵀ (k × in·kh·kw); with `sigma_to` 'a' or 'b'
-    that factor takes all of Σ_k (A = U_k Σ_k, B = V_kᵀ; or A = U_k, B = Σ_k V_kᵀ)."""
+    """A = U_k Σ_k^½ (max × k), B = Σ_k^½ V_kᵀ (k × min) of the upright matrix; with
+    `sigma_to` 'a' or 'b' that factor takes all of Σ_k (A = U_k Σ_k, B = V_kᵀ; or A = U_k,
+    B = Σ_k V_kᵀ)."""
     if sigma_to == "a":
         return u[:, :k] * s[:k], vh[:k]
     if sigma_to == "b":
@@ -70,6 +91,8 @@ class LowRankLayer(nn.Module):
     """A Linear or Conv2d whose weight is trained as W, or as A·B with one factor frozen.
 
     `weight` and `bias` keep their names, so state dicts read like the original layer's.
+    A·B is the upright matrix (`upright`): W's matrix view itself, or its transpose for a
+    wide layer; `left()` and `right()` are the two factors of the view, out × k and k × in.
     The layer's shape attributes (in_features, out_channels, kernel_size, ...) are copied
     too: model code that reads them from its submodules keeps working after `convert`.
     """
@@ -91,6 +114,7 @@ class LowRankLayer(nn.Module):
             self.conv = dict(stride=layer.stride, padding=padding, dilation=layer.dilation)
         self.weight = layer.weight
         self.bias = layer.bias
+        self.transposed = is_wide(layer.weight.shape)  # A·B is the view's transpose
         empty = torch.empty(0, dtype=layer.weight.dtype, device=layer.weight.device)
         self.a = nn.Parameter(empty.clone(), requires_grad=False)
         self.b = nn.Parameter(empty.clone(), requires_grad=False)
@@ -99,6 +123,14 @@ class LowRankLayer(nn.Module):
     @property
     def rank(self) -> int:
         return self.a.shape[1] if self.a.dim() == 2 else 0
+
+    def left(self) -> Tensor:
+        """The out × k factor of W's matrix view (A, or Bᵀ for a wide layer)."""
+        return self.b.t() if self.transposed else self.a
+
+    def right(self) -> Tensor:
+        """The k × in·kh·kw factor of W's matrix view (B, or Aᵀ for a wide layer)."""
+        return self.a.t() if self.transposed else self.b
 
     def set_factors(self, a: Tensor, b: Tensor, train: str) -> None:
         """Switch to A·B form, training only `train` ('a' or 'b')."""
@@ -114,7 +146,9 @@ class LowRankLayer(nn.Module):
         # the product in float32 at least: bfloat16 factors would round it twice
         dtype = torch.promote_types(self.a.dtype, torch.float32)
         with torch.no_grad():
-            self.weight.copy_((self.a.to(dtype) @ self.b.to(dtype)).view_as(self.weight))
+            product = self.a.to(dtype) @ self.b.to(dtype)
+            product = product.t() if self.transposed else product
+            self.weight.copy_(product.reshape(self.weight.shape))
         self.factorized = False
         self.weight.requires_grad_(True)
         self.a.requires_grad_(False)
@@ -124,15 +158,15 @@ class LowRankLayer(nn.Module):
         if not self.is_conv:
             if not self.factorized:
                 return F.linear(x, self.weight, self.bias)
-            return F.linear(F.linear(x, self.b), self.a, self.bias)
+            return F.linear(F.linear(x, self.right()), self.left(), self.bias)
         if self.pad is not None:
             x = F.pad(x, self.pad[0], mode=self.pad[1])
         if not self.factorized:
             return F.conv2d(x, self.weight, self.bias, **self.conv)
         k = self.rank
-        b = self.b.view(k, *self.weight.shape[1:])
-        a = self.a.view(self.weight.shape[0], k, 1, 1)
-        return F.conv2d(F.conv2d(x, b, None, **self.conv), a, self.bias)
+        right = self.right().reshape(k, *self.weight.shape[1:])
+        left = self.left().reshape(self.weight.shape[0], k, 1, 1)
+        return F.conv2d(F.conv2d(x, right, None, **self.conv), left, self.bias)
 
     def extra_repr(self) -> str:
         kind = "conv" if self.is_conv else "linear"

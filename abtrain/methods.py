@@ -155,10 +155,10 @@ class ABNoGroups(AB):
         size = cfg.ab.group_size or world_size
         if world_size % size:
             raise ConfigError(f"ab.group_size={size} does not divide the world size {world_size}")
-        if size < world_size and cfg.ab.sync_mode != "with_stale":
+        if size < world_size and cfg.ab.sync_mode == "only_learned":
             raise ConfigError(
                 "ab_nogroups with ab.group_size below the world averages B over the groups: "
-                "it needs ab.sync_mode=with_stale (no A ranks to share A from)"
+                "it needs ab.sync_mode with_stale or rank0 (no A ranks to share A from)"
             )
         return size
 

@@ -99,7 +99,8 @@ def sizes(cfg: Config, classes: int, keep: float = 1.0) -> Sizes:
     for layer in layers.values():
         rows, cols = layer.weight.shape[0], layer.weight[0].numel()
         k = max(1, round(keep * min(rows, cols)))
-        a, b = a + 4 * rows * k, b + 4 * k * cols
+        (long, _), (_, short) = lowrank.factor_shapes(layer.weight.shape, k)
+        a, b = a + 4 * long * k, b + 4 * k * short
     out = Sizes(
         params=sum(p.numel() for p in params),
         full=full,
@@ -246,8 +247,16 @@ def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float
     steps = {k: sum(p.kind == k for p in kinds) for k in ("warmup", "ab", "rebound")}
     cycles = len({p.cycle for p in kinds if p.kind == "ab"})
     # the sync averages the float buffers (BatchNorm's running statistics) over the world
-    if len(ab_groups(cfg, n, ranks_per_node)) == 1:  # "no groups": B trained by DDP
+    groups_ = ab_groups(cfg, n, ranks_per_node)
+    if len(groups_) == 1:  # "no groups": B trained by DDP
         ab, sync = ring(s.b + s.shared) + norm, ring(s.float_buffer_bytes)
+    elif cfg.ab.sync_mode == "rank0":  # B trained by DDP in each group; rank 0's W to all
+        members = groups_[0][0]
+        spanned = len({r // ranks_per_node for r in members})
+        in_group = ring_inter(s.b + s.shared, spanned, len(members))
+        if cfg.dist.sync_batchnorm == "group":
+            in_group += ring_inter(s.batchnorm_stats * 2, spanned, len(members))
+        ab, sync = in_group + ab_norm, chain_inter(full + s.buffers, nodes, n)
     elif cfg.ab.sync_mode == "with_stale":  # every factor averaged over the world
         ab, sync = ab_norm, ring(s.a + s.b + 3 * s.shared + s.float_buffer_bytes)
     else:  # groups are nodes (or single ranks): nothing crosses inside an AB phase
@@ -269,6 +278,25 @@ def plan(cfg: Config, nodes: int, ranks_per_node: int, classes: int, keep: float
         compressed = ring(_powersgd_bytes(cfg, classes)) + norm
         step = dict(uncompressed=full_rank, warmup=compressed, ab=ab, rebound=compressed)
     return Plan(steps, step, events, syncs=cycles)
+
+
+def buffer_broadcast(cfg: Config, nodes: int, ranks_per_node: int, classes: int) -> dict:
+    """What DDP's `broadcast_buffers` (torch's default, on in the authors' runs) would send
+    and abtrain does not: before every forward pass, the first rank of the step's DDP group
+    sends every buffer (BatchNorm's running statistics and counters) to the group. Returns
+    the bytes of one broadcast and the mean inter-node bytes per rank per step of the run.
+    abtrain leaves it off: its full-rank replicas agree without it, synced or local batch
+    norm alike (the running statistics are averaged at each sync)."""
+    s, n = sizes(cfg, classes), nodes * ranks_per_node
+    p = plan(cfg, nodes, ranks_per_node, classes)
+    per_step = {k: chain_inter(s.buffers, nodes, n) for k in p.steps}
+    groups_ = ab_groups(cfg, n, ranks_per_node)
+    if "ab" in p.steps and groups_:
+        members = groups_[0][0]
+        spanned = len({r // ranks_per_node for r in members})
+        per_step["ab"] = chain_inter(s.buffers, spanned, len(members))
+    total = sum(p.steps[k] * per_step[k] for k in p.steps)
+    return dict(bytes=s.buffers, inter_bytes_per_step=total / p.total_steps)
 
 
 def _learned_sync(cfg: Config, s: Sizes, nodes: int, ranks_per_node: int) -> float:
@@ -450,6 +478,8 @@ def ledger_calls(
         if len(groups_) == 1:  # one group trained by DDP: only float buffers differ
             if s.float_buffers:
                 add(step, "sync", "all_reduce")
+        elif cfg.ab.sync_mode == "rank0":  # rank 0's state, a dtype at a time
+            add(step, "sync", "broadcast", dtypes * fanout)
         elif cfg.ab.sync_mode == "with_stale":
             add(step, "sync", "all_reduce")
         else:  # learners' all-reduce and the rest over the world; A and B shared

@@ -69,7 +69,56 @@ def _stratified(labels: Tensor, per_class: int) -> Tensor:
 
 # ---------------------------------------------------------------- prepare
 def fingerprint(d: ImageData) -> dict[str, Any]:
-    return d.model_dump(mode="json", exclude={"workers", "augment"})
+    out = d.model_dump(mode="json", exclude={"workers", "augment"})
+    if d.real_labels and Path(d.real_labels).is_file():  # its content decides the val set
+        out["real_labels_sha256"] = _digest(Path(d.real_labels), "sha256")
+    return out
+
+
+# ---------------------------------------------------------------- ImageNet's ReaL labels
+_VAL_NUMBER = re.compile(r"ILSVRC2012_val_(\d{8})\.")
+
+
+def read_real_labels(path: str) -> list[list[int]]:
+    """ReaL's real.json: for each validation image, in file-number order (entry i is
+    ILSVRC2012_val_{i+1:08d}), the list of its ReaL labels; [] where raters kept none."""
+    where = f"data.real_labels {path}"
+    try:
+        labels = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise DataError(f"{where} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"{where} is not a readable JSON file ({err})") from None
+    ok = isinstance(labels, list) and all(
+        isinstance(e, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in e)
+        for e in labels
+    )
+    if not ok or not labels:
+        raise DataError(
+            f"{where} is not ReaL's real.json: a JSON list holding, for each validation "
+            "image in file-number order, the list of its labels (ints)"
+        )
+    return labels
+
+
+def real_labelled(members: list[str], labels: list[list[int]], path: str) -> list[bool]:
+    """For each validation file, whether ReaL gives it a label (the authors' `use_real`
+    keeps those, scored with their original label)."""
+    out = []
+    for m in members:
+        found = _VAL_NUMBER.search(Path(m).name)
+        if found is None:
+            raise DataError(
+                f"data.real_labels {path}: validation file {m} is not named "
+                "ILSVRC2012_val_NNNNNNNN, so its ReaL entry can't be found"
+            )
+        i = int(found.group(1)) - 1
+        if not 0 <= i < len(labels):
+            raise DataError(
+                f"data.real_labels {path} has {len(labels)} entries; {m} needs entry {i + 1}"
+            )
+        out.append(bool(labels[i]))
+    return out
 
 
 PREPARED_BY = "abtrain prepare"  # meta.json's mark of a folder this code wrote
@@ -213,7 +262,8 @@ def _prepare_into(d: ImageData, tmp: Path) -> dict[str, Any]:
                 x = F.interpolate(x.float(), size=d.image_size, mode="bilinear").round().byte()
             torch.save(dict(x=x.contiguous(), y=y), tmp / f"{split}.pt")
         else:
-            y, members = _select(tree, split, per_class)
+            real = d.real_labels if split == "val" else None
+            y, members = _select(tree, split, per_class, real)
             if cached:
                 x = _decode_all(tree, members, d.image_size, split)
                 torch.save(dict(x=x, y=y), tmp / f"{split}.pt")
@@ -221,6 +271,8 @@ def _prepare_into(d: ImageData, tmp: Path) -> dict[str, Any]:
                 _verify_and_index(tree, members, y, tmp, split, d.image_size)
         counts[split] = {classes[c]: int((y == c).sum()) for c in range(len(classes))}
     meta["counts"] = counts
+    if d.real_labels:
+        meta["real_labels"] = str(d.real_labels)  # the val counts are of the images it keeps
     if cached:
         x = torch.load(tmp / "train.pt", weights_only=True)["x"].float() / 255
         meta["mean"] = x.mean(dim=(0, 2, 3)).tolist()
@@ -230,10 +282,17 @@ def _prepare_into(d: ImageData, tmp: Path) -> dict[str, Any]:
     return meta
 
 
-def _select(tree: _Tree, split: str, per_class: int) -> tuple[Tensor, list[str]]:
+def _select(
+    tree: _Tree, split: str, per_class: int, real_labels: str | None = None
+) -> tuple[Tensor, list[str]]:
+    """The images of `split` (per class: the first `per_class`, 0 all), with their labels;
+    with `real_labels` only those ReaL labels (chosen before the per-class cut)."""
     members, labels = [], []
+    real = read_real_labels(real_labels) if real_labels else None
     for c, cls in enumerate(tree.classes):
         files = [f for f in tree.splits[split][cls] if Path(f).suffix.lower() in IMAGE_SUFFIXES]
+        if real is not None:
+            files = [f for f, keep in zip(files, real_labelled(files, real, real_labels)) if keep]
         files = files[:per_class] if per_class else files
         members += files
         labels += [c] * len(files)

@@ -68,14 +68,17 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
 
 
 def ranks_csv(factorizations: list[dict[str, Any]], layers: dict[str, Any]) -> str:
-    """Every factorisation's kept rank per layer, with the layer's matrix shape."""
+    """Every factorisation's kept rank per layer, with the layer's matrix shape (out × in·kh·kw)
+    and its factors' (A: max × k, B: k × min, the authors' orientation)."""
     out = io.StringIO()
-    out.write("step,layer,rank,rows,cols,full_rank,kept_fraction\n")
+    out.write("step,layer,rank,rows,cols,full_rank,kept_fraction,a_shape,b_shape\n")
     for f in factorizations:
         for name, k in f["ranks"].items():
+            shape = layers[name].weight.shape
             rows, cols = lowrank.as_matrix(layers[name].weight).shape
+            a, b = ("x".join(map(str, s)) for s in lowrank.factor_shapes(shape, k))
             out.write(f"{f['step']},{name},{k},{rows},{cols},{min(rows, cols)},")
-            out.write(f"{k / min(rows, cols):.6g}\n")
+            out.write(f"{k / min(rows, cols):.6g},{a},{b}\n")
     return out.getvalue()
 
 
@@ -120,7 +123,8 @@ def summarize(
     tops = [e["val_top1"] for e in run.evals]
     losses = [e["val_loss"] for e in run.evals]
     last = factorizations[-1] if factorizations else None
-    traffic["inter_node_bytes_per_step"] = traffic["inter_node_bytes"] / cfg.steps
+    steps = run.step if run.stopped_early else cfg.steps  # what it trained
+    traffic["inter_node_bytes_per_step"] = traffic["inter_node_bytes"] / steps
     return dict(
         method=cfg.method,
         run_name=where["run_name"],
@@ -130,8 +134,9 @@ def summarize(
         ranks_per_node=where["ranks_per_node"],
         batch_size=cfg.batch_size,  # per rank
         global_batch=global_batch,
-        steps=cfg.steps,
-        epochs=cfg.steps * global_batch / train_samples,
+        steps=steps,
+        stopped_early=run.stopped_early,
+        epochs=steps * global_batch / train_samples,
         val_top1=dict(best=max(tops), final=tops[-1]),
         val_loss=dict(min=min(losses), final=losses[-1]),
         train_loss_final=run.last_loss,

@@ -28,6 +28,7 @@ class RunState:
     window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss, top-1, n
     last_loss: float | None = None
     run_id: str = ""
+    stopped_early: dict[str, Any] | None = None  # the rule and the step, if one stopped it
     times: dict[str, dict[str, float]] = field(
         default_factory=lambda: defaultdict(lambda: dict.fromkeys(("steps", *TIME_PARTS), 0.0))
     )

@@ -4,7 +4,10 @@ end of an AB phase averaging A and B across the workers before W = A·B.
 `with_stale` (the paper's): every rank's A and B, trained or frozen, averaged over the
 world, which halves each group's update. `only_learned`: A averaged over the A ranks, B
 over the B ranks, then each shared with everyone. Parameters that are never factorised,
-and float buffers, are averaged over the world either way.
+and float buffers, are averaged over the world either way. `rank0` (the authors' "no
+groups" at c3dbc10, whose sync averaged nothing through a misspelt parameter name): every
+rank takes rank 0's parameters and buffers, as the world DDP wrap that followed broadcast
+them; each rank keeps its own optimizer moments, as there.
 """
 
 from __future__ import annotations
@@ -91,11 +94,13 @@ def share(tensors: list[Tensor], ledger: Ledger, route: Fanout) -> None:
 
 
 @torch.no_grad()
-def share_model(model: nn.Module, ledger: Ledger, route: Fanout) -> None:
-    """`route.root`'s parameters and buffers to every rank, one dtype at a time."""
+def share_model(model: nn.Module, ledger: Ledger, route: Fanout, skip: list[Tensor] = ()) -> None:
+    """`route.root`'s parameters and buffers (but `skip`) to every rank, a dtype at a time."""
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    left_out = {id(t) for t in skip}
     for t in [*model.parameters(), *model.buffers()]:
-        by_dtype.setdefault(t.dtype, []).append(t.data)
+        if id(t) not in left_out:
+            by_dtype.setdefault(t.dtype, []).append(t.data)
     for tensors in by_dtype.values():
         share(tensors, ledger, route)
 
@@ -128,6 +133,16 @@ def average(
         _average(shared, ledger)
     else:
         raise ValueError(f"unknown sync mode {mode!r}")
+
+
+@torch.no_grad()
+def take_rank0(
+    model: nn.Module, layers: dict[str, LowRankLayer], ledger: Ledger, route: Fanout
+) -> None:
+    """Sync mode `rank0`: W = A·B on every rank, then rank 0's W, other parameters and
+    buffers to all (the factors stay: A is every rank's same SVD, B is in W)."""
+    merge(layers)
+    share_model(model, ledger, route, skip=[t for m in layers.values() for t in (m.a, m.b)])
 
 
 def merge(layers: dict[str, LowRankLayer]) -> None:

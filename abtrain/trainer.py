@@ -135,6 +135,8 @@ class Trainer:
             net = self._enter(self.state.step)
             if self.state.pending_eval and not self.ab.phase.low_rank:
                 yield self._evaluate()
+                if self._stop_early():
+                    break
             self._train_step(net, batches)
             self.state.step += 1
             self.state.pending_eval |= self.state.step % self.cfg.eval_every == 0
@@ -145,7 +147,8 @@ class Trainer:
         self.ledger.step = self.state.step  # what follows belongs after the last step
         if self.ab.phase != DONE:
             self._finish_method()  # a run never ends with divergent replicas
-            yield self._evaluate()
+            if not self.state.stopped_early:  # (it stopped right after an evaluation)
+                yield self._evaluate()
             self.state.elapsed = time.time() - started
             self._checkpoint()
         self.progress.close()
@@ -285,6 +288,22 @@ class Trainer:
         if not math.isfinite(result["val_loss"]):  # all-reduced: every rank stops together
             raise TrainingDiverged(f"validation loss is {result['val_loss']} at step {run.step}")
         return result
+
+    def _stop_early(self) -> bool:
+        """The first rule of `early_stopping` whose point is reached with the best top-1
+        below its bar stops the run (the same on every rank: evaluations are all-reduced).
+        Evaluation i counts from 0, as the authors count epochs: epoch >= after x epochs."""
+        run, n = self.state, self.cfg.steps // self.cfg.eval_every
+        i, best = run.step // self.cfg.eval_every - 1, max(e["val_top1"] for e in run.evals)
+        for rule in self.cfg.early_stopping:
+            if i >= rule.after * n and best < rule.min_top1:
+                run.stopped_early = dict(step=run.step, best_top1=best, **rule.model_dump())
+                self.progress.log(
+                    f"stopped early at step {run.step}: best top-1 {best:.2f}% is below "
+                    f"{rule.min_top1}% after {rule.after:g} of the evaluations (early_stopping)"
+                )
+                return True
+        return False
 
     # ---------------------------------------------------------------- checkpoints
     def _checkpoint(self) -> None:

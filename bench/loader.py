@@ -118,6 +118,7 @@ def image_task(a: argparse.Namespace, tree: Path, workers: int) -> ImageTask:
         prepared=str(Path(a.data) / f"prepared-{a.size}"),
         train_per_class=0,
         val_per_class=0,
+        real_labels=None,
         image_size=a.size,
         augment=True,
         workers=workers,

@@ -124,6 +124,42 @@ class Override:
         return f"{self.key}={self.value}"
 
 
+# The authors' "no groups" runs (every rank trains B) as each committed version of their code
+# ran them (../shared/reference/authors-code.md 3 and 11.1); `experiments.nogroups` names the
+# one every ab_nogroups run of the matrix follows. A run's own `set` still wins (the VGG16
+# config's node groups).
+NOGROUPS = {
+    # HEAD, the paper's description: one group of the world, A = UΣ^½ and B = Σ^½Vᵀ, the
+    # first and the last weight layer (conv1/fc, patch_embed/head) full rank, B averaged
+    "c23240c": lambda world: [
+        "ab.split_sigma=true",
+        "ab.full_rank_layers=null",
+        "ab.group_size=null",
+        "ab.sync_mode=with_stale",
+    ],
+    # the scaling runs' code: two half-world groups training B = ΣVᵀ (A = U), every layer
+    # factorised, and a sync that averaged nothing (a misspelt parameter name), so the world
+    # DDP wrap after it gave every rank rank 0's W
+    "c3dbc10": lambda world: [
+        "ab.split_sigma=false",
+        "ab.full_rank_layers=[]",
+        f"ab.group_size={max(1, world // 2)}",
+        "ab.sync_mode=rank0",
+    ],
+}
+
+
+def nogroups_sets(p: dict[str, Any], run: Run) -> list[str]:
+    """The overrides of an ab_nogroups run from the version `experiments.nogroups` names."""
+    version = p["experiments"].get("nogroups")
+    if version not in NOGROUPS:
+        raise abconfig.ConfigError(
+            f"experiments.nogroups: {version!r} is not a version of the authors' code this "
+            f"reproduces ({', '.join(NOGROUPS)})"
+        )
+    return NOGROUPS[version](run.world) if run.method == "ab_nogroups" else []
+
+
 # The fewest steps a schedule fraction becomes in a run of the matrix (`space.to_steps`, whose
 # docstring says where this differs from the search's floor): AB phase lengths need a step
 # at least; warm-ups, and every other knob, may be empty.
@@ -139,7 +175,8 @@ def resolve(
     Every run sees the same number of samples (experiments.epochs) unless it gives its own
     `steps`; the schedule is the same fraction of each run's steps; the search's best values
     for the keys `search.use_best` names (they replace `train`'s and experiments.schedule's);
-    then a run's own `set` (the authors' per-run schedules and hyperparameters in the paper
+    an ab_nogroups run's version of the authors' code (`experiments.nogroups`); then a run's
+    own `set` (the authors' per-run schedules and hyperparameters in the paper
     profile); then `experiments.set`, the experiment's explicit values, which win over all.
     """
     e, base = p["experiments"], base_config(p, run)
@@ -169,6 +206,10 @@ def resolve(
     for k, (v, origin) in fractions.items():
         value = space.to_steps(v, steps, floor=RUN_FLOORS.get(k, 0))
         out.append(Override(k, str(value), f"{origin}: {v:g} of steps"))
+    version = f"experiments.nogroups ({p['experiments'].get('nogroups')})"
+    for text in nogroups_sets(p, run):
+        key, _, value = text.partition("=")
+        out.append(Override(key, value, version))
     for origin, texts in ((f"{matrix}.set", run.set), ("experiments.set", experiment_sets(p))):
         for text in texts:
             key, _, value = text.partition("=")

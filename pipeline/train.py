@@ -77,6 +77,44 @@ def curve(name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def seed_folders(p: dict, name: str) -> list[tuple[int, Path]]:
+    """(seed, run folder) of each seed of run NAME: `train.seed` and the next
+    `experiments.seeds` - 1. The first trains in runs/train/NAME, the others in
+    runs/train/NAME/seeds/SEED (inside the stage's output, resumed and cleared with it)."""
+    count, first = p["experiments"]["seeds"], p["train"]["seed"]
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise abconfig.ConfigError(f"experiments.seeds must be a count of 1 or more, not {count!r}")
+    out = RUNS / "train" / name
+    return [(first + i, out if i == 0 else out / "seeds" / str(first + i)) for i in range(count)]
+
+
+def over_seeds(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result of a run trained at several seeds: the first seed's summary (its curve,
+    traffic, compression, time) with top-1 as the mean over the seeds (and its sample sd,
+    `best_sd`, `final_sd`) and each seed's figures under `seeds`."""
+    import statistics
+
+    result = dict(summaries[0])
+    if len(summaries) == 1:
+        return result
+    result["seeds"] = [
+        dict(
+            seed=s["seed"],
+            val_top1=s["val_top1"],
+            compression_ratio=s["compression_ratio"],
+            inter_node_bytes=s["traffic"]["inter_node_bytes"],
+            wall_seconds=s["wall_seconds"],
+        )
+        for s in summaries
+    ]
+    top1 = {}
+    for key in ("best", "final"):
+        values = [s["val_top1"][key] for s in summaries]
+        top1[key], top1[f"{key}_sd"] = statistics.mean(values), statistics.stdev(values)
+    result["val_top1"] = top1
+    return result
+
+
 def write_outputs(name: str, run: Run, cfg: abconfig.Config, summary: dict[str, Any]) -> None:
     from abtrain.models import label
 
@@ -165,12 +203,29 @@ def main(name: str) -> int:
         f"tracking.tags.batch={json.dumps(run.batch)}",
         *search_tags(p),
     ]
-    out = RUNS / "train" / name
+    summaries, folders = [], seed_folders(p, name)
+    for seed, out in folders:
+        if len(folders) > 1:
+            print(f"[pipeline] {name}: seed {seed} ({len(summaries) + 1} of {len(folders)})")
+        seed_sets = sets if seed == p["train"]["seed"] else [*sets, f"seed={seed}"]
+        code = train_one(p, run, seed_sets, out)
+        if code:
+            return code
+        summaries.append({**json.loads((out / "summary.json").read_text()), "seed": seed})
+    cfg = abconfig.load(PARAMS, sets)
+    write_outputs(name, run, cfg, over_seeds(summaries))
+    return 0
+
+
+def train_one(p: dict, run: Run, sets: list[str], out: Path) -> int:
+    """Train (or resume, or find finished) one run folder; the launcher's exit code."""
     saved = out / "config.json"
     cfg = abconfig.load(PARAMS, sets)
     if saved.exists() and json.loads(saved.read_text()) != cfg.dump():
         shutil.rmtree(out)
-    launcher = p["experiments"]["launcher"]
+    elif saved.exists() and (out / "summary.json").exists():
+        print(f"[pipeline] {out} holds this run finished; not trained again", flush=True)
+        return 0
     args = [
         "train",
         "--config",
@@ -179,16 +234,11 @@ def main(name: str) -> int:
         "--out",
         str(out),
     ]
-    if launcher == "local":
-        code = run_local(run.nodes, run.ranks_per_node, args)
-    else:
-        from pipeline.slurm import run_slurm
+    if p["experiments"]["launcher"] == "local":
+        return run_local(run.nodes, run.ranks_per_node, args)
+    from pipeline.slurm import run_slurm
 
-        code = run_slurm(p, run, args, out)
-    if code:
-        return code
-    write_outputs(name, run, cfg, json.loads((out / "summary.json").read_text()))
-    return 0
+    return run_slurm(p, run, args, out)
 
 
 if __name__ == "__main__":

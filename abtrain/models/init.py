@@ -17,5 +17,7 @@ def ortho_sigma_(model: nn.Module) -> None:
     for p in model.parameters():
         if p.dim() < 2:
             continue
-        u, _, vh = lowrank.svd(p)  # of the float32 matrix view (float64 where LAPACK fails)
-        p.copy_((u @ vh).view_as(p).to(p.dtype))
+        u, _, vh = lowrank.svd(p)  # of the upright float32 view (float64 where LAPACK fails)
+        polar = u @ vh
+        polar = polar.t() if lowrank.is_wide(p.shape) else polar
+        p.copy_(polar.reshape(p.shape).to(p.dtype))

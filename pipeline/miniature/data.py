@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import pickle
 import struct
 import subprocess
@@ -91,6 +92,12 @@ def write_imagenet(dest: Path, rng: np.random.Generator) -> tuple[Path, int]:
                     img.save(root / split / wnid / name, "JPEG", quality=85)
         archive = dest / "imagenet-mini.tar"
         _tar(Path(tmp), "imagenet-mini", archive, gzip=False)
+    # ReaL's real.json for it (entry i: ILSVRC2012_val_{i+1}): every val image labelled
+    real = [[] for _ in range(k)]
+    first_val = len(WNIDS) * IMAGENET_PER_CLASS["train"]
+    for i in range(first_val, k):
+        real[i] = [(i - first_val) // IMAGENET_PER_CLASS["val"]]
+    (dest / "imagenet-mini-real.json").write_text(json.dumps(real))
     return archive, len(WNIDS) * IMAGENET_PER_CLASS["train"]
 
 
@@ -184,6 +191,7 @@ def write_sources(dest: Path, cifar10: Path | None) -> tuple[dict[str, Any], dic
     src = dict(
         imagenet=str(imagenet),
         imagenet_sha256=sha256(imagenet),
+        imagenet_real=str(dest / "imagenet-mini-real.json"),
         cifar100=str(cifar100),
         cifar100_sha256=sha256(cifar100),
         cifar10_data=c10,

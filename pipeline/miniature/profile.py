@@ -67,6 +67,7 @@ def overrides(src: dict[str, Any]) -> list[tuple[str, Any, str]]:
         # places: the data, and the cluster (CPU nodes of 4 cores, partition `debug`)
         ("train.data.source", src["imagenet"], "data"),
         ("train.data.sha256", src["imagenet_sha256"], "data"),
+        ("train.data.real_labels", src["imagenet_real"], "data"),
         ("search.train.data.source", src["cifar100"], "data"),
         ("search.train.data.sha256", src["cifar100_sha256"], "data"),
         *((f"{vgg}.data.{k}", v, "data") for k, v in src["cifar10_data"].items()),

@@ -711,7 +711,33 @@ def paper_scale_rates(paper: dict[str, Any]) -> list[str]:
             "batch statistics stay inside the node), the ResNet-50 AB/DDP rate ratio moves "
             f"by {min(moved):+.3f} to {max(moved):+.3f}; ViT-B/16 has no BatchNorm.",
         ]
+    md += buffers_paragraph(rates)
     return md
+
+
+def buffers_paragraph(rates: list[dict[str, Any]]) -> list[str]:
+    """What DDP's broadcast_buffers, on in the authors' runs and off in abtrain's, would
+    add to the predicted rows (bench.planner's `buffer_*` columns)."""
+    rows = [r for r in rates if r.get("buffer_bytes")]
+    if not rows:
+        return []
+    sizes = sorted({r["buffer_bytes"] for r in rows})
+    shares = [r["ddp_buffer_share"] for r in rows]
+    ab = [r["ab_buffer_bytes_per_step"] / r["ddp_buffer_bytes_per_step"] for r in rows]
+    models = sorted({r["model"] for r in rows})
+    return [
+        "",
+        "Not counted above, and not sent by abtrain: the authors' DDP kept torch's default "
+        "`broadcast_buffers=True`, so before every forward pass the first rank of the "
+        f"step's DDP group sent every buffer of {' and '.join(models)} "
+        f"({', '.join(f'{b:,}' for b in sizes)} bytes: BatchNorm's running statistics and "
+        "counters) to the rest of the group. abtrain turns it off (its replicas agree "
+        "without it; the sync averages the running statistics). Counted, it would add "
+        f"{min(shares):.2%}-{max(shares):.2%} to DDP's inter-node bytes per step in these "
+        f"rows, and to AB's {min(ab):.2f}-{max(ab):.2f} times as many bytes as to DDP's "
+        "(none in AB steps whose groups are nodes); the bytes ratio moves by less than "
+        "that share.",
+    ]
 
 
 def paper_ratio_cell(paper: dict[str, Any], r: dict[str, Any]) -> str:
@@ -759,18 +785,27 @@ def compression_table(t2: list[dict[str, Any]]) -> list[str]:
         "place of each factorised W). ECR = 100% − F − L·c (Eq. 4, F = 25%, L = 75%, c = "
         "final size in % of full); ECR* counts the share of steps in AB phases, which send "
         "nothing across groups (our reading of the paper's asterisk); measured = 1 − "
-        "inter-node bytes / ddp's.",
+        "inter-node bytes / ddp's. Δ top-1 of runs trained at several seeds "
+        "(`experiments.seeds`): the mean ± sd of the seed-by-seed differences, as the paper "
+        "averages 3 seeds.",
         "",
         "| run | method | Δ top-1 vs ddp | compression | ECR | ECR* | measured reduction |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in t2:
         md.append(
-            f"| {r['run']} | {r['method']} | {fmt(r['diff_top1'], '+.2f')} | "
+            f"| {r['run']} | {r['method']} | {top1_cell(r)} | "
             f"{r['compression']:.2f}:1 | {r['ecr']:.1f}% | {fmt(r['ecr_groups'], '.1f', '%')} | "
             f"{fmt(r['measured_reduction'], '.1f', '%')} |"
         )
     return md + ["", *paragraphs(compression_notes(t2))]
+
+
+def top1_cell(r: dict[str, Any]) -> str:
+    """Δ top-1, with ± the sd over seeds where the runs were trained at several."""
+    if r.get("diff_top1_sd") is None:
+        return fmt(r["diff_top1"], "+.2f")
+    return f"{r['diff_top1']:+.2f} ± {r['diff_top1_sd']:.2f}"
 
 
 def paper_table2(paper: dict[str, Any]) -> list[str]:

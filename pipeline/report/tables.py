@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,20 @@ def load_runs(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def baseline(done: dict[str, dict], s: dict) -> dict | None:
-    """The ddp run of the same model, data, scale and batch scheme."""
-    for other in done.values():
-        r, o = s["run"], other["run"]
-        if other["method"] == "ddp" and all(o.get(k) == r.get(k) for k in SCALE_KEYS):
-            return other
-    return None
+    """The ddp run of the same model, data, scale and batch scheme; of several (the paper
+    profile's two 2-node weight decays), the one whose name ends most like the run's."""
+    r = s["run"]
+    found = [
+        o
+        for o in done.values()
+        if o["method"] == "ddp" and all(o["run"].get(k) == r.get(k) for k in SCALE_KEYS)
+    ]
+
+    def common_tail(o: dict) -> int:
+        names = (o["run"].get("name", ""), r.get("name", ""))
+        return len(os.path.commonprefix([n[::-1] for n in names]))
+
+    return max(found, key=common_tail, default=None)
 
 
 def per_step(s: dict) -> float:
@@ -191,7 +200,7 @@ def table2(done: dict[str, dict], p: dict) -> list[dict[str, Any]]:
             dict(
                 run=name,
                 method=s["method"],
-                diff_top1=(s["val_top1"]["best"] - base["val_top1"]["best"]) if base else None,
+                **top1_diff(s, base),
                 compression=c,
                 ecr=ecr(c),
                 ecr_groups=(ecr_groups(cfg) if cfg and s["method"] in GROUPS_IN_NODES else None),
@@ -205,6 +214,21 @@ def table2(done: dict[str, dict], p: dict) -> list[dict[str, Any]]:
             )
         )
     return rows
+
+
+def top1_diff(s: dict, base: dict | None) -> dict[str, float | None]:
+    """Best top-1 minus the ddp run's, in points (`diff_top1`); for runs trained at several
+    seeds the mean of the seed-by-seed differences and their sample sd (`diff_top1_sd`)."""
+    import statistics
+
+    if base is None:
+        return dict(diff_top1=None, diff_top1_sd=None)
+    mine = {x["seed"]: x["val_top1"]["best"] for x in s.get("seeds", [])}
+    theirs = {x["seed"]: x["val_top1"]["best"] for x in base.get("seeds", [])}
+    paired = [mine[k] - theirs[k] for k in mine if k in theirs]
+    if len(paired) > 1:
+        return dict(diff_top1=statistics.mean(paired), diff_top1_sd=statistics.stdev(paired))
+    return dict(diff_top1=s["val_top1"]["best"] - base["val_top1"]["best"], diff_top1_sd=None)
 
 
 def ranks_kept(s: dict) -> float | None:

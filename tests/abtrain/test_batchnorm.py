@@ -91,7 +91,7 @@ def resnet_overrides(out, images, sync: str, method: str = "ddp") -> list[str]:
         f"model={{name: timm, arch: resnet50, kwargs: {{zero_init_last: false}}, "
         f"init: {'default' if method == 'ddp' else 'ortho_sigma'}}}",
         f"data={{name: imagefolder, source: {images / 'tree'}, sha256: null, "
-        f"prepared: {out / 'prepared'}, train_per_class: 0, val_per_class: 0, "
+        f"prepared: {out / 'prepared'}, train_per_class: 0, val_per_class: 0, real_labels: null, "
         "image_size: 32, augment: true, workers: 0}",
         f"dist.sync_batchnorm={sync}",
     ]

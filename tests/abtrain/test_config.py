@@ -63,7 +63,7 @@ def test_no_groups_in_node_groups_forms_b_groups_of_that_size():
     cfg = tiny_config("method=ab_nogroups", "ab.group_size=2")
     assert methods.check_world(cfg, 4, 2) == 2
     assert groups.plan(4, 2, all_train_b=True) == [([0, 1], "b"), ([2, 3], "b")]
-    with pytest.raises(config.ConfigError, match="needs ab.sync_mode=with_stale"):
+    with pytest.raises(config.ConfigError, match="needs ab.sync_mode with_stale or rank0"):
         methods.check_world(
             tiny_config("method=ab_nogroups", "ab.group_size=2", "ab.sync_mode=only_learned"), 4, 2
         )
@@ -168,7 +168,7 @@ def test_cli_check_refuses_a_batch_larger_than_the_data(tmp_path):
     write_tree(tmp_path / "tree")  # 2 classes x 3 training images
     image = (
         f"data={{name: imagefolder, source: {tmp_path / 'tree'}, sha256: null, "
-        f"prepared: {tmp_path / 'p'}, train_per_class: 0, val_per_class: 0, image_size: 32, "
+        f"prepared: {tmp_path / 'p'}, train_per_class: 0, val_per_class: 0, real_labels: null, image_size: 32, "
         "augment: true, workers: 0}"
     )
     assert cli("prepare", "--config", "params.yaml", *sets(image)).returncode == 0

@@ -32,6 +32,7 @@ def image_cfg(**fields):
         prepared="",
         train_per_class=0,
         val_per_class=0,
+        real_labels=None,
         image_size=32,
         augment=True,
         workers=2,
@@ -87,6 +88,7 @@ def test_cifar100_fine_labels_and_stratified_subset(tmp_path):
         prepared=str(tmp_path / "p"),
         train_per_class=2,
         val_per_class=1,
+        real_labels=None,
     )
     meta = prepare.prepare(d)
     assert len(meta["classes"]) == 100
@@ -131,7 +133,7 @@ def test_large_images_stay_files_and_batches_are_reproducible(tmp_path):
     cfg = tiny_config(
         "batch_size=2",
         f"data={{name: imagenet, source: {tmp_path / 'tree.tar.gz'}, sha256: null, "
-        f"prepared: {tmp_path / 'p'}, train_per_class: 0, val_per_class: 0, image_size: 72, "
+        f"prepared: {tmp_path / 'p'}, train_per_class: 0, val_per_class: 0, real_labels: null, image_size: 72, "
         "augment: true, workers: 2}",
     )
     meta = prepare.prepare(cfg.data)
@@ -153,6 +155,7 @@ def test_the_real_cifar10_archive_through_the_normal_path(tmp_path):
         prepared=str(tmp_path / "p"),
         train_per_class=50,
         val_per_class=10,
+        real_labels=None,
         sha256="7854ea059adc7729ab5267c5269ccc01e6eaeea6549d5f3c834c106bae86e8ee",
     )
     meta = prepare.prepare(d)
@@ -239,7 +242,7 @@ def test_unknown_data_set_name_is_a_config_error():
 def test_training_refuses_unprepared_or_stale_data(tmp_path):
     cfg = tiny_config(
         f"data={{name: imagefolder, source: {tmp_path}, sha256: null, prepared: {tmp_path / 'p'}, "
-        "train_per_class: 0, val_per_class: 0, image_size: 32, augment: true, workers: 1}"
+        "train_per_class: 0, val_per_class: 0, real_labels: null, image_size: 32, augment: true, workers: 1}"
     )
     with pytest.raises(sources.DataError, match="is not prepared"):
         tasks.make_task(cfg)
@@ -275,7 +278,7 @@ def file_task(tmp_path: Path, workers: int = 2, augment: bool = True, batch: int
     cfg = tiny_config(
         f"batch_size={batch}",
         f"data={{name: imagenet, source: {tmp_path / 'tree'}, sha256: null, "
-        f"prepared: {tmp_path / 'p'}, train_per_class: 0, val_per_class: 0, image_size: 72, "
+        f"prepared: {tmp_path / 'p'}, train_per_class: 0, val_per_class: 0, real_labels: null, image_size: 72, "
         f"augment: {str(augment).lower()}, workers: {workers}}}",
     )
     prepare.prepare(cfg.data)
@@ -568,7 +571,7 @@ def test_prepare_into_the_working_directory_is_refused_through_the_cli(tmp_path)
     cmd = [sys.executable, "-m", "abtrain", "prepare", "--config", str(ROOT / "params.yaml")]
     sets = [
         "data={name: imagefolder, source: tree, sha256: null, prepared: ., train_per_class: 0, "
-        "val_per_class: 0, image_size: 32, augment: true, workers: 0}"
+        "val_per_class: 0, real_labels: null, image_size: 32, augment: true, workers: 0}"
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run(
@@ -764,3 +767,72 @@ def test_a_killed_prepares_temporary_folder_is_removed_by_the_next(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+# ---------------------------------------------------------------- ImageNet's ReaL labels
+def write_imagenet_val(root: Path, size: int = 16) -> list[list[int]]:
+    """An ImageNet-like tree: 2 classes x 2 train images, 6 val images named as ImageNet's
+    (ILSVRC2012_val_00000001...), and a real.json leaving out images 2 and 5."""
+    rng = np.random.default_rng(0)
+    for cls in ("n01", "n02"):
+        (root / "train" / cls).mkdir(parents=True)
+        (root / "val" / cls).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(
+                root / "train" / cls / f"{cls}_{i}.JPEG", format="JPEG"
+            )
+    for number in range(1, 7):
+        cls = "n01" if number <= 3 else "n02"
+        pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(
+            root / "val" / cls / f"ILSVRC2012_val_{number:08d}.JPEG", format="JPEG"
+        )
+    return [[0], [], [0, 1], [1], [], [1]]
+
+
+def real_cfg(tmp_path: Path, real: str | None):
+    return image_cfg(
+        name="imagenet",
+        source=str(tmp_path / "imagenet"),
+        prepared=str(tmp_path / "p"),
+        real_labels=real,
+        image_size=16,
+    )
+
+
+def test_real_labels_leave_out_the_val_images_without_one(tmp_path):
+    """The authors' use_real: 4 of 6 val images kept, scored with their original labels."""
+    real = write_imagenet_val(tmp_path / "imagenet")
+    (tmp_path / "real.json").write_text(json.dumps(real))
+    everything = prepare.prepare(real_cfg(tmp_path, None))
+    assert everything["counts"]["val"] == {"n01": 3, "n02": 3}
+    meta = prepare.prepare(real_cfg(tmp_path, str(tmp_path / "real.json")))
+    assert meta["counts"]["val"] == {"n01": 2, "n02": 2}
+    assert meta["counts"]["train"] == {"n01": 2, "n02": 2}  # the training set is untouched
+    val = torch.load(tmp_path / "p" / "val.pt", weights_only=True)
+    assert val["y"].tolist() == [0, 0, 1, 1]  # the folders' labels, not ReaL's
+
+
+@pytest.mark.parametrize(
+    "content,says",
+    [
+        (None, "does not exist"),
+        ("{not json", "not a readable JSON file"),
+        (json.dumps({"1": [0]}), "is not ReaL's real.json"),
+        (json.dumps([[0], ["a"]]), "is not ReaL's real.json"),
+        (json.dumps([[0], [1], [0]]), "has 3 entries; "),
+    ],
+)
+def test_a_missing_or_malformed_real_labels_file_is_named(tmp_path, content, says):
+    write_imagenet_val(tmp_path / "imagenet")
+    path = tmp_path / "real.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(sources.DataError, match=f"data.real_labels {path}.*{says}"):
+        prepare.prepare(real_cfg(tmp_path, str(path)))
+    assert not (tmp_path / "p").exists()  # nothing half-written
+
+
+def test_real_labels_are_for_imagenet_only():
+    with pytest.raises(ValueError, match="data.real_labels is for ImageNet"):
+        image_cfg(source="tree", real_labels="real.json")

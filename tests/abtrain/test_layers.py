@@ -239,7 +239,7 @@ def test_convert_on_the_meta_device_and_a_model_converted_before():
 def full_rank_factors(layers: dict[str, lowrank.LowRankLayer], train: str = "a") -> None:
     """A·B = W at k = min(rows, cols), from the SVD in the weight's own dtype."""
     for layer in layers.values():
-        w = lowrank.as_matrix(layer.weight.detach())
+        w = lowrank.upright(layer.weight.detach())
         u, s, vh = torch.linalg.svd(w, full_matrices=False)
         layer.set_factors(*lowrank.split(u, s, vh, min(w.shape)), train=train)
 
@@ -276,9 +276,9 @@ def test_a_factorised_conv2d_at_full_rank_computes_what_the_conv_did(kw, wide):
     rows, cols = lowrank.as_matrix(conv.weight).shape
     assert layer.rank == min(rows, cols)
     torch.testing.assert_close(layer(x), y, rtol=1e-10, atol=1e-10)
-    a, b = layer.a.detach().clone(), layer.b.detach().clone()
+    w = (layer.left() @ layer.right()).detach().reshape(layer.weight.shape)
     layer.merge()
-    torch.testing.assert_close(layer.weight.detach(), (a @ b).view_as(layer.weight))
+    torch.testing.assert_close(layer.weight.detach(), w)
     torch.testing.assert_close(layer(x), y, rtol=1e-10, atol=1e-10)
 
 
@@ -465,7 +465,7 @@ def test_train_and_the_launcher_refuse_it_before_any_process_starts(monkeypatch,
 RESNET18 = "model={name: timm, arch: resnet18, kwargs: {}, init: default}"
 CIFAR = (
     "data={name: cifar10, source: null, sha256: null, prepared: data/prepared/none, "
-    "train_per_class: 0, val_per_class: 0, image_size: 32, augment: false, workers: 0}"
+    "train_per_class: 0, val_per_class: 0, real_labels: null, image_size: 32, augment: false, workers: 0}"
 )
 
 

@@ -21,11 +21,43 @@ def test_full_rank_rebuilds_w_to_float32_precision():
     torch.testing.assert_close(a @ b, w, atol=1e-5, rtol=1e-5)
 
 
-def test_conv_weight_is_viewed_as_out_by_in_kh_kw():
+def test_a_wide_conv_weight_is_turned_upright_as_the_authors_do():
+    """(16, 8, 3, 3) is the matrix 16 × 72; the authors transpose a wide matrix before the
+    SVD, so A is 72 × k (the long side) and B is k × 16 (the short side)."""
     w = torch.randn(16, 8, 3, 3)
     a, b = lowrank.factorize(w, sigma_cutoff=1e-9)
-    assert a.shape == (16, 16) and b.shape == (16, 72)
-    torch.testing.assert_close((a @ b).view_as(w), w, atol=1e-5, rtol=1e-5)
+    assert a.shape == (72, 16) and b.shape == (16, 16)
+    torch.testing.assert_close((a @ b).t().reshape(w.shape), w, atol=1e-5, rtol=1e-5)
+
+
+ORIENTED = [  # (layer, A's shape, B's shape) at full rank
+    (lambda: nn.Linear(16, 4), (16, 4), (4, 4)),  # wide: W is 4 × 16
+    (lambda: nn.Linear(4, 12), (12, 4), (4, 4)),  # tall: W is 12 × 4
+    (lambda: nn.Conv2d(8, 16, 3, padding=1), (72, 16), (16, 16)),  # wide: 16 × 72
+]
+
+
+@pytest.mark.parametrize("make,a_shape,b_shape", ORIENTED)
+@pytest.mark.parametrize("role", ["a", "b"])
+def test_factors_take_the_authors_orientation_and_the_role_trains_its_side(
+    make, a_shape, b_shape, role
+):
+    """A is max(m, n) × k and B is k × min(m, n) whichever way W lies; the rank trains the
+    factor of its role, and the layer computes W·x (up to float32) in A·B form."""
+    torch.manual_seed(0)
+    layer = lowrank.LowRankLayer(make())
+    x = torch.randn(2, 8, 6, 6) if layer.is_conv else torch.randn(5, layer.weight.shape[1])
+    want = layer(x)
+    a, b = lowrank.factorize(layer.weight.detach(), sigma_cutoff=1e-9)
+    layer.set_factors(a, b, role)
+    assert tuple(layer.a.shape) == a_shape and tuple(layer.b.shape) == b_shape
+    assert lowrank.factor_shapes(layer.weight.shape, a_shape[1]) == (a_shape, b_shape)
+    trained = {n for n, p in layer.named_parameters() if p.requires_grad}
+    assert trained == {role, "bias"}
+    torch.testing.assert_close(layer(x), want, atol=1e-4, rtol=1e-4)
+    w = layer.weight.detach().clone()
+    layer.merge()  # W = A·B back in the weight's own orientation
+    torch.testing.assert_close(layer.weight.detach(), w, atol=1e-5, rtol=1e-5)
 
 
 def test_cutoff_keeps_values_strictly_above_cutoff_times_sigma_max():

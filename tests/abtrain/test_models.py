@@ -19,7 +19,7 @@ VIT = (
 )
 IMAGES = (
     "data={name: cifar10, source: null, sha256: null, prepared: unused, train_per_class: 0, "
-    "val_per_class: 0, image_size: 8, augment: false, workers: 0}"
+    "val_per_class: 0, real_labels: null, image_size: 8, augment: false, workers: 0}"
 )
 PAPER = yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text())
 

@@ -237,3 +237,20 @@ def test_paper_scale_rates_are_gb_per_s_of_the_stated_model():
         assert r["rate_ratio_band_max"] == max(band.values())
         inside = r["rate_ratio_band_min"] <= r["paper_ratio"] <= r["rate_ratio_band_max"]
         assert r["paper_ratio_in_band"] == inside
+
+
+def test_the_buffer_broadcast_abtrain_leaves_off_is_what_the_authors_ddp_sent():
+    """ResNet-50's buffers: 53 BatchNorms' running mean and var (26,560 channels each,
+    float32) and their int64 counters, 212,904 bytes, from rank 0 along the chain each step."""
+    from pipeline.common import run_overrides, runs
+
+    paper = yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text())
+    run = runs(paper)["r50-ddp-4n-local"]
+    cfg = config.from_dict(paper["train"], run_overrides(paper, run, None, size=1_281_167))
+    b = planner.buffer_broadcast(cfg, 4, 4, 1000)
+    assert b["bytes"] == 2 * 26_560 * 4 + 53 * 8 == 212_904
+    assert b["inter_bytes_per_step"] == pytest.approx(212_904 * 3 / 16)  # 3 node hops / 16
+    ab = runs(paper)["r50-ab-4n-local"]
+    cfg = config.from_dict(paper["train"], run_overrides(paper, ab, None, size=1_281_167))
+    ab_b = planner.buffer_broadcast(cfg, 4, 4, 1000)
+    assert ab_b["inter_bytes_per_step"] < b["inter_bytes_per_step"]  # none in node groups

@@ -77,3 +77,28 @@ def test_a_broadcast_enters_each_other_node_once_even_from_a_rank_that_heads_no_
         assert values == [4.0] * 5
         assert sizes == ([2, 3] if rank in (0, 4) else [3])  # across the nodes, then inside
     assert [inter for _, inter, _ in results] == [0, 0, 0, 0, 5 * 4, 0]  # one copy, 4 to 0
+
+
+def _rank0(rank, world):
+    model = nn.Sequential(nn.Linear(3, 2))  # W is 2 x 3, wide: A is 3 x k, B is k x 2
+    layers = lowrank.convert(model, [])
+    g = groups.build(rank, groups.plan(world, 2, all_train_b=True), False, [0, 0, 1, 1])
+    layer = layers["0"]
+    layer.set_factors(torch.full((3, 1), rank + 1.0), torch.full((1, 2), 10.0 * (rank + 1)), "b")
+    with torch.no_grad():
+        layer.bias.fill_(float(rank))
+    ledger = Ledger(rank, [0, 0, 1, 1], keep_rows=True)
+    route = groups.fanout(rank, [0, 0, 1, 1], 0, groups.ProcessGroups())
+    sync.take_rank0(model, layers, ledger, route)
+    rows = [(r["op"], r["payload_bytes"], r["group_size"]) for r in ledger.rows]
+    return g.role, layer.weight.detach().tolist(), layer.bias.tolist(), rows
+
+
+def test_rank0_sync_gives_every_rank_rank_0s_w_as_the_authors_c3dbc10_did():
+    """Two half-world groups train B; nothing is averaged; rank 0's W = (A·B)ᵀ and its
+    bias reach every rank in one two-hop broadcast (W and bias: 8 floats), factors not sent."""
+    for rank, (role, w, bias, rows) in enumerate(spawn(_rank0)):
+        assert role == "b"
+        assert w == [[10.0] * 3] * 2 and bias == [0.0, 0.0]  # rank 0's: A·B = 1 x 10
+        hop = [("broadcast", 4 * 8, 2)]
+        assert rows == (hop * 2 if rank in (0, 2) else hop)  # across the nodes, then inside

@@ -341,3 +341,44 @@ def test_a_run_gives_sigusr1_back_as_it_found_it(tmp_path):
     [(during, after)] = spawn(_borrowed_usr1, world=1, ranks_per_node=1, args=(tmp_path,))
     assert during and all(during)
     assert after
+
+
+@pytest.mark.multiprocess
+def test_early_stopping_ends_a_run_at_the_first_rule_it_fails(tmp_path):
+    """The authors' rule: at evaluation i (from 0, of 4 here) >= after x 4, a best top-1
+    below min_top1 stops the run; it ends merged, with its summary saying where and why."""
+    rules = "early_stopping=[{after: 0.9, min_top1: 0.0}, {after: 0.3, min_top1: 100.0}]"
+    proc = launch(tmp_path, "method=ddp", rules, nnodes=1, nproc=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary(tmp_path)
+    assert s["steps"] == 30 and [e["step"] for e in s["evals"]] == [10, 20, 30]
+    assert s["stopped_early"] == dict(step=30, best_top1=s["val_top1"]["best"], after=0.3,
+                                      min_top1=100.0)  # fmt: skip
+    assert "stopped early at step 30" in proc.stdout + proc.stderr
+    assert (tmp_path / "model.pt").exists()
+
+
+C3DBC10 = ("method=ab_nogroups", "ab.group_size=2", "ab.sync_mode=rank0", "ab.split_sigma=false")
+C3DBC10 += ("ab.full_rank_layers=[]", "ab.sigma_cutoff=0.000001")  # every layer, full rank
+
+
+@pytest.mark.multiprocess
+def test_the_authors_c3dbc10_no_groups_run_sends_what_the_planner_predicts(tmp_path):
+    """Two half-world groups (nodes here) train B = ΣVᵀ of every layer, the head's wide
+    10 x 64 too (B is k x 10); each sync sends rank 0's W and the rest, nothing averaged."""
+    from abtrain import planner
+
+    proc = launch(tmp_path, *C3DBC10)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary(tmp_path)
+    assert s["full_rank_layers"] == {}
+    ranks = (tmp_path / "ranks.csv").read_text().splitlines()
+    assert ranks[0].endswith("a_shape,b_shape")
+    assert any(r.startswith("8,head,10,10,64,10,1,64x10,10x10") for r in ranks)
+    predicted = planner.plan(tiny_config(*C3DBC10), nodes=2, ranks_per_node=2, classes=10)
+    assert predicted.inter_bytes == pytest.approx(s["traffic"]["inter_node_bytes"], rel=1e-9)
+    by_phase = s["traffic"]["by_phase"]
+    assert by_phase["ab"]["inter"] == 0  # each group is a node
+    # the planner's syncs include agreeing on k, which the ledger books as `factorize`
+    sent = by_phase["sync"]["inter"] + by_phase["factorize"]["inter"]
+    assert sent == pytest.approx(predicted.event_bytes["sync"], rel=1e-9)

@@ -2,6 +2,7 @@
 rule, their share of full-rank steps, for every AB run of the matrix."""
 
 import pytest
+import torch
 import yaml
 
 from abtrain import config, methods, schedule
@@ -60,10 +61,14 @@ def test_every_ab_run_has_the_authors_length_and_share_of_full_rank_steps(name):
     cfg = config.from_dict(PAPER["train"], run_overrides(PAPER, run, None, size=size))
     assert cfg.steps == pytest.approx(steps, rel=0.03)
     assert cfg.ab.phase_rule == "authors"
-    # their paper runs (c3dbc10) factorised every layer; the committed VGG config keeps two
+    # their paper runs (c3dbc10) factorised every layer; the no-groups runs follow HEAD
+    # (c23240c: first and last layer full rank, null); the committed VGG config keeps two
+    want = {"ab_nogroups": None}.get(run.method, [])
     assert cfg.ab.full_rank_layers == (
-        [] if name != "vgg-abng-node-2n" else ["features.0", "head.fc"]
+        want if name != "vgg-abng-node-2n" else ["features.0", "head.fc"]
     )
+    # the LR warm-up in the authors' whole steps: 10 of 150 epochs (6,000 of 90,000)
+    assert cfg.optim.lr_warmup_steps * 15 == cfg.steps
     full = sum(schedule.phase_at(t, cfg).kind in ("warmup", "rebound") for t in range(cfg.steps))
     assert full / cfg.steps == pytest.approx(authors_full_rank_share(steps, w, s, r), abs=0.02)
     assert run.source and ("@c3dbc10 " in run.source or "@c23240c " in run.source)
@@ -175,21 +180,147 @@ def test_resnet50_starts_each_block_as_its_shortcut():
     assert float(model.bn1.weight.detach().min()) == 1.0  # the others keep γ = 1
 
 
-def test_no_groups_runs_split_sigma_the_authors_way_and_name_their_sources():
+def nogroups_config(version: str, name: str, size: int = IMAGENET) -> config.Config:
+    p = {**PAPER, "experiments": {**PAPER["experiments"], "nogroups": version}}
+    return config.from_dict(p["train"], run_overrides(p, runs(p)[name], None, size=size))
+
+
+def test_no_groups_runs_are_the_authors_head_by_default():
+    """c23240c: one group of the world training B = Σ^½Vᵀ, B averaged at the sync, and
+    the layers their full_rank_sync_names keep (patch_embed/head, conv1/fc) full rank."""
+    from abtrain import lowrank, models
+
+    assert PAPER["experiments"]["nogroups"] == "c23240c"
     for name, run in runs(PAPER).items():
         if run.method != "ab_nogroups":
             continue
-        split = "ab.split_sigma=false" in run.set
-        # the authors' committed VGG config is at HEAD, which removed the c3dbc10 override
-        assert split == (name != "vgg-abng-node-2n"), name
+        assert not any(s.startswith("ab.split_sigma") for s in run.set), name
         src = run.source
         assert src.startswith("extrapolated:") or "@c23240c configs/" in src, name
-        assert (
-            "c3dbc10 configs/cifar10" not in src
-            and "c3dbc10 configs/imagenet/resnet/common0.01" not in src
-        )
+        cfg = nogroups_config("c23240c", name, CIFAR10 if name.startswith("vgg") else IMAGENET)
+        assert cfg.ab.split_sigma and cfg.ab.sync_mode == "with_stale", name
+        if name != "vgg-abng-node-2n":
+            assert cfg.ab.group_size is None and methods.check_world(cfg, run.world, 4) == (
+                run.world
+            )
+    cfg = nogroups_config("c23240c", "vit-abng-4n-local")
+    with torch.device("meta"):
+        vit = models.build(cfg, 1000)
+    kept = lowrank.kept_full_rank(lowrank.survey(vit, cfg.ab.full_rank_layers))
+    assert list(kept) == ["patch_embed.proj", "head"]  # theirs: patch_embed.proj, head
     node = runs(PAPER)["vgg-abng-node-2n"]
     assert "ab.group_size=4" in node.set and "ab_2nodes.yaml as committed" in node.source
-    cfg = config.from_dict(PAPER["train"], run_overrides(PAPER, node, None, size=CIFAR10))
+    cfg = nogroups_config("c23240c", "vgg-abng-node-2n", CIFAR10)
     assert cfg.ab.full_rank_layers == ["features.0", "head.fc"]
     assert methods.check_world(cfg, 8, 4) == 4  # B trained inside each node
+
+
+def test_no_groups_runs_as_the_scaling_runs_code_ran_them():
+    """c3dbc10: group size -1 made two half-world groups, only-b forced B = ΣVᵀ, every
+    layer was factorised and the sync averaged nothing: rank 0's W went to every rank."""
+    from abtrain import groups
+
+    cfg = nogroups_config("c3dbc10", "r50-abng-8n-global")
+    assert not cfg.ab.split_sigma and cfg.ab.full_rank_layers == []
+    assert cfg.ab.sync_mode == "rank0"
+    size = methods.check_world(cfg, 32, 4)
+    assert groups.plan(32, size, all_train_b=True) == [
+        (list(range(16)), "b"),
+        (list(range(16, 32)), "b"),
+    ]
+    with pytest.raises(config.ConfigError, match="experiments.nogroups: 'c0ffee'"):
+        nogroups_config("c0ffee", "r50-abng-8n-global")
+
+
+def test_the_early_stopping_is_the_authors_where_they_used_it():
+    imagenet = config.from_dict(PAPER["train"]).early_stopping
+    assert [(r.after, r.min_top1) for r in imagenet] == [
+        (0.05, 1.5), (0.1, 4.0), (0.3, 5.5), (0.5, 7.0), (0.75, 7.5)
+    ]  # fmt: skip
+    vgg = config.from_dict(
+        PAPER["train"], run_overrides(PAPER, runs(PAPER)["vgg-ab-2n"], None, size=CIFAR10)
+    )
+    assert vgg.early_stopping == []  # their CIFAR-10 common.yaml: use_early_stopping False
+
+
+def test_both_two_node_weight_decays_of_the_authors_are_runs():
+    """c3dbc10 has two 2-node ResNet-50 files each (common.yaml 0.1, common0.01.yaml 0.01),
+    both named ab-2k: the profile runs both, each paired with its own ddp run."""
+    from pipeline.report.tables import baseline
+
+    def wd(name):
+        run = runs(PAPER)[name]
+        return config.from_dict(PAPER["train"], run_overrides(PAPER, run, None, size=IMAGENET))
+
+    assert wd("r50-ab-2n-local").optim.weight_decay == 0.1
+    assert wd("r50-ab-2n-local-wd0.01").optim.weight_decay == 0.01
+    assert wd("r50-ddp-2n-local-wd0.01").optim.weight_decay == 0.01
+    scale = dict(nodes=2, ranks_per_node=4, batch="local", model="resnet50", data="imagenet")
+    done = {
+        n: {"method": m, "run": {"name": n, **scale}}
+        for n, m in [
+            ("r50-ddp-2n-local", "ddp"),
+            ("r50-ddp-2n-local-wd0.01", "ddp"),
+            ("r50-ab-2n-local-wd0.01", "ab"),
+            ("r50-ab-2n-local", "ab"),
+        ]
+    }
+    assert baseline(done, done["r50-ab-2n-local-wd0.01"])["run"]["name"].endswith("wd0.01")
+    assert baseline(done, done["r50-ab-2n-local"])["run"]["name"] == "r50-ddp-2n-local"
+
+
+@pytest.mark.parametrize(
+    "name,wide,layers,ratio",
+    [("r50-ab-4n-local", 33, 54, 3.30), ("vit-ab-4n-local", 12, 50, 1.72)],
+)
+def test_b_is_the_authors_short_side_and_the_planner_counts_it(name, wide, layers, ratio):
+    """The authors turn a wide matrix upright before the SVD, so B is k x min(m, n): the
+    out x in·kh·kw view's B would be `ratio` times as large over the model at full rank."""
+    from abtrain import lowrank, models, planner
+
+    cfg = config.from_dict(PAPER["train"], run_overrides(PAPER, runs(PAPER)[name], None, IMAGENET))
+    with torch.device("meta"):
+        model = models.build(cfg, 1000)
+    chosen = [c for c in lowrank.survey(model, cfg.ab.full_rank_layers) if c.factorised]
+    assert (sum(c.rows < c.cols for c in chosen), len(chosen)) == (wide, layers)
+    short = sum(c.full_rank * min(c.rows, c.cols) for c in chosen)
+    out_by_in = sum(c.full_rank * c.cols for c in chosen)
+    assert out_by_in / short == pytest.approx(ratio, abs=0.005)
+    long = sum(c.full_rank * max(c.rows, c.cols) for c in chosen)
+    s = planner.sizes(cfg, 1000)
+    assert (s.a, s.b) == (4 * long, 4 * short)  # fp32 bytes of A and B at full rank
+
+
+def test_each_run_trains_at_the_papers_three_seeds_and_reports_mean_and_sd():
+    from pathlib import Path
+
+    from pipeline.report.tables import top1_diff
+    from pipeline.train import over_seeds, seed_folders
+
+    assert PAPER["experiments"]["seeds"] == 3
+    folders = seed_folders(PAPER, "vit-ab-4n-local")
+    first = Path("runs/train/vit-ab-4n-local")
+    assert folders == [(0, first), (1, first / "seeds" / "1"), (2, first / "seeds" / "2")]
+
+    def summary(seed, best):
+        return dict(
+            seed=seed,
+            val_top1=dict(best=best, final=best - 1),
+            compression_ratio=1.0,
+            traffic=dict(inter_node_bytes=10),
+            wall_seconds=1.0,
+        )
+
+    ab = over_seeds([summary(0, 70.0), summary(1, 72.0), summary(2, 74.0)])
+    ddp = over_seeds([summary(0, 71.0), summary(1, 72.0), summary(2, 76.0)])
+    assert ab["val_top1"]["best"] == 72.0 and ab["val_top1"]["best_sd"] == pytest.approx(2.0)
+    assert [s["seed"] for s in ab["seeds"]] == [0, 1, 2]
+    diff = top1_diff(ab, ddp)  # paired seed by seed: -1, 0, -2
+    assert diff["diff_top1"] == pytest.approx(-1.0) and diff["diff_top1_sd"] == pytest.approx(1.0)
+    one = over_seeds([summary(0, 70.0)])
+    assert (
+        "seeds" not in one
+        and top1_diff(one, over_seeds([summary(0, 71.0)]))["diff_top1_sd"] is None
+    )
+    with pytest.raises(config.ConfigError, match="experiments.seeds must be a count"):
+        seed_folders({**PAPER, "experiments": {**PAPER["experiments"], "seeds": 0}}, "x")

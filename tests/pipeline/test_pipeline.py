@@ -82,6 +82,7 @@ def miniature(params: dict, images: Path) -> dict:
         prepared="data/prepared/mini",
         train_per_class=0,
         val_per_class=0,
+        real_labels=None,
         image_size=16,
         workers=1,
     )
