@@ -698,6 +698,12 @@ def paper_scale_rates(paper: dict[str, Any]) -> list[str]:
         "authors', so what remains is how the paper measured traffic and time. The "
         "absolute GB/s are not comparable: they hang on the stated compute rate, and the "
         f"paper's DDP rates are {min(scale):.1f}-{max(scale):.1f} times these.",
+        "",
+        "The 2-node ResNet-50 row stands for both of the authors' 2-node configs, which "
+        "differ only in weight decay (0.1 in `common.yaml`, 0.01 in `common0.01.yaml`, both "
+        "runs named ab-2k at c3dbc10): the paper does not say which it reports, so the "
+        "profile runs both (`r50-*-2n-local`, `r50-*-2n-local-wd0.01`), each against its "
+        "own ddp run; weight decay moves no byte.",
     ]
     if moved:
         md += [
