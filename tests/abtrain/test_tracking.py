@@ -339,7 +339,7 @@ def test_mlflow_ui_lists_the_runs_and_compares_ddp_with_ab_in_headless_chromium(
         url = f"http://127.0.0.1:{port}"
         # MLflow 3.17 picks an experiment's landing page from the workflow type (this URL
         # parameter, else the browser's last choice, else GenAI), not from the experiment's
-        # tag: the README's link carries it
+        # tag: docs/tracking.md's link carries it
         text = visible_text(
             chrome(f"{url}/#/experiments/{exp}?workflowType=machine_learning", "--dump-dom")
         )

@@ -398,7 +398,7 @@ def test_compare_measures_each_run_against_its_own_ddp(mini, capsys):
 
 @pytest.mark.multiprocess
 def test_an_experiments_value_is_the_one_trained(mini):
-    """`dvc exp run -S` as the README says, for one run (the order of the sources, a search
+    """`dvc exp run -S` as docs/pipeline.md says, for one run (the order of the sources, a search
     that reruns included, is tests/pipeline/test_overrides.py's)."""
     repo, _ = mini
     lr = 0.00123
@@ -413,7 +413,7 @@ def test_an_experiments_value_is_the_one_trained(mini):
 
 @pytest.mark.multiprocess
 def test_a_search_rerun_is_one_command_and_retrains_what_follows(mini):
-    """The README's command for a rerun on purpose: the finished search is moved aside (not
+    """The command for a rerun on purpose (docs/pipeline.md): the finished search is moved aside (not
     resumed), searched afresh, its record rewritten, and the runs after it retrained."""
     repo, _ = mini
     before = (repo / RECORD[1]).read_text()

@@ -12,3 +12,49 @@ def test_the_readme_opening_is_the_reports_headline():
     assert readme.count(begin) == 1 and readme.count(end) == 1
     block = readme.split(begin, 1)[1].split(end, 1)[0]
     assert block == (ROOT / "reports" / "headline.md").read_text()
+
+
+def test_the_readme_is_a_front_door():
+    """At most 300 lines; the two set-up commands on the first screen (40 lines); a path for
+    each kind of user; the rest in docs/, whose index names every page."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300
+    first = "\n".join(lines[:40])
+    assert "bash scripts/main.sh" in first and "bash scripts/test.sh" in first
+    text = "\n".join(lines)
+    for path in ("Reproduce the paper", "your own model", "pay off on my network"):
+        assert path in text
+    index = (ROOT / "docs" / "README.md").read_text()
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert page.name == "README.md" or f"]({page.name}" in index, page.name
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    import re
+
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves():
+    """A moved section or renamed page is a broken link here, not a 404 for a reader."""
+    import re
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+                continue
+            if anchor and dest.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", dest.read_text(), flags=re.M)
+                if anchor not in {_anchor(h) for h in headings}:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, broken
