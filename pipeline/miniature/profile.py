@@ -46,6 +46,7 @@ def overrides(src: dict[str, Any]) -> list[tuple[str, Any, str]]:
         ("train.tracking.log_every", 1, "size"),
         ("train.data.workers", 1, "size"),  # decoding processes per rank
         ("experiments.evaluations", 1, "size"),
+        ("experiments.seeds", 1, "size"),  # the paper's 3 would triple the miniature's runs
         ("experiments.runs.*.ranks_per_node", 1, "size"),
         ("experiments.runs.*.steps", 3, "size"),  # the authors' run lengths: 15,000-90,000
         # the authors' W/S/R/N schedules of the ab runs, in steps
