@@ -5,10 +5,14 @@ common accuracy at each rate, measured and predicted (bench.rates).
     sudo-less as root here (--dry-run predicts its wall time):
     python -m bench.network --shape 2x2=50mbit,200mbit,1gbit,none --shape 4x1=200mbit
 
-Every run takes the benchmark's own schedule (BENCH_SETS, BENCH_METHOD_SETS: 160 steps,
-the committed runs' values); `--set` and `--method-set` add to them or change them, and
-each per-rate file records the values its runs were made with (bench.rates will not put
-runs made with different ones in one table).
+Every run trains as the matrix's run of its method at the same world size trains
+(`experiments.runs` resolved by pipeline.common: steps, batch, the search's best values, the
+schedule's fractions, the run's own `set`), so the verdict's time to target and its top-1
+columns come from one configuration; only what the benchmark measures differs (MEASURE_SETS:
+an evaluation every 10 steps to time the target, no checkpoints in the timed loop).
+`--no-matrix` takes `train` as params.yaml gives it instead. `--set` and `--method-set` add
+to them or change them, and each per-rate file records the values its runs were made with
+(bench.rates will not put runs made with different ones in one table).
 
 Writes bench/results/network-<rate>.json (2 nodes x 2 ranks; other shapes
 network-<N>n-<rate>.json), bench/results/network.png (accuracy against wall time), the
@@ -33,18 +37,37 @@ from bench.cluster import Cluster, tbf_burst
 
 RESULTS = Path("bench/results")
 WORK = Path("runs/bench")
-# the benchmark's schedule, short enough for 20 runs on CPU ranks (the committed runs')
-BENCH_SETS = (
-    "steps=160",
-    "eval_every=10",
-    "checkpoint_every=0",
-    "ab.warmup_steps=30",
-    "ab.ab_steps=20",
-    "ab.rebound_steps=5",
-    "ab.lr_rebound_steps=10",
-    "optim.lr_warmup_steps=8",
-)
-BENCH_METHOD_SETS = ("ab_powersgd:ab.sync_mode=only_learned",)
+# what the benchmark measures, not what is trained: evaluations often enough to time the
+# target, and no checkpoint writes inside the timed loop
+MEASURE_SETS = ("eval_every=10", "checkpoint_every=0")
+
+
+def matrix_sets(
+    params: dict[str, Any], nodes: int, ranks: int, methods: list[str]
+) -> tuple[list[str], dict[str, list[str]]]:
+    """The overrides of each method's run in the matrix at this world size (a local-batch
+    one, this shape's if the matrix has it): those every method shares, and each one's own."""
+    from pipeline import common
+    from pipeline.train import best_config
+
+    best, world, each = best_config(params), nodes * ranks, {}
+    for method in methods:
+        found = [
+            r
+            for r in common.runs(params).values()
+            if r.method == method and r.world == world and r.batch == "local" and not r.steps
+        ]
+        if not found:
+            raise SystemExit(
+                f"bench.network: experiments.runs has no local-batch run of {method} on "
+                f"{world} ranks to take its values from; add one, or pass --no-matrix"
+            )
+        run = min(found, key=lambda r: (r.nodes, r.ranks_per_node) != (nodes, ranks))
+        sets = common.run_overrides(params, run, best)
+        each[method] = last_of_each_key([s for s in sets if not s.startswith("method=")])
+    shared = [s for s in next(iter(each.values())) if all(s in v for v in each.values())]
+    own = {m: [s for s in v if s not in shared] for m, v in each.items()}
+    return shared, {m: v for m, v in own.items() if v}
 
 
 def ledger_by_node(run_dir: Path, nodes: list[int]) -> dict[int, int]:
@@ -275,15 +298,20 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help=f"an override of every run, over the benchmark's own: {' '.join(BENCH_SETS)}",
+        help="an override of every run, over the matrix's values and the benchmark's own: "
+        + " ".join(MEASURE_SETS),
     )
     p.add_argument(
         "--method-set",
         action="append",
         default=[],
         metavar="METHOD:KEY=VALUE",
-        help="an override for one method only, over the benchmark's own: "
-        + " ".join(BENCH_METHOD_SETS),
+        help="an override for one method only, over the matrix's values",
+    )
+    p.add_argument(
+        "--no-matrix",
+        action="store_true",
+        help="train's values as params.yaml gives them, not those of the matrix's runs",
     )
     p.add_argument(
         "--merge",
@@ -309,11 +337,25 @@ def main(argv: list[str] | None = None) -> int:
         "unshaped run); run nothing",
     )
     a = p.parse_args(argv)
-    a.set = last_of_each_key([*BENCH_SETS, *a.set])
-    a.method_sets = parse_method_sets([*BENCH_METHOD_SETS, *a.method_set])
     a.results = a.results or RESULTS
     shapes = parse_shapes(a)
     methods = a.methods.split(",")
+    shared, own = [], {}
+    if not a.no_matrix:
+        import yaml
+
+        params = yaml.safe_load(Path(a.config).read_text())
+        matrix = {(n, r): matrix_sets(params, n, r, methods) for n, r, _ in shapes}
+        if len({json.dumps(v) for v in matrix.values()}) > 1:
+            raise SystemExit(
+                "bench.network: the matrix trains these shapes with different values "
+                "(another world size); run them in separate commands"
+            )
+        shared, own = next(iter(matrix.values()))
+    a.set = last_of_each_key([*shared, *MEASURE_SETS, *a.set])
+    a.method_sets = parse_method_sets(
+        [f"{m}:{s}" for m, sets in own.items() for s in sets] + a.method_set
+    )
     runs = [(n, r, rate, m) for n, r, rates in shapes for rate in rates for m in methods]
     if a.dry_run:
         seconds = estimate(runs, a)

@@ -106,7 +106,7 @@ def test_each_run_is_announced_as_it_starts_and_finishes(tmp_path, monkeypatch, 
         )
 
     monkeypatch.setattr(network, "run_one", fake_run)
-    network.main(["--rates", "200mbit,none", "--methods", "ddp,ab", "--nodes", "1"])
+    network.main(["--rates", "200mbit,none", "--methods", "ddp,ab", "--nodes", "1", "--no-matrix"])
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[bench.network]")]
     assert lines[:4] == [
         "[bench.network] run 1 of 4 started: ddp at 200mbit; elapsed 1m00s, ETA ?",
