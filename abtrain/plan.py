@@ -25,8 +25,9 @@ PLAN_ASSUMES = (
     "(bench.network measures how far that holds: bench/results/network-rates.json)"
 )
 PLAN_TO_TARGET = (
-    "ranks by predicted time to the target top-1: the steps each method took to it in the "
-    "file's run times its predicted seconds per step"
+    "ranks by predicted time to the target top-1: the seconds each method's run in the file "
+    "took to it, plus what the link adds to its steps and syncs before it (ToTarget, the "
+    "time model bench.rates and the report use)"
 )
 # the schedule of a --measure run: every phase kind and two syncs in a few steps
 MEASURE_SETS = [
@@ -137,6 +138,8 @@ class Compute:
     method_overrides: dict[str, list[str]] = field(default_factory=dict)
     target_top1: float | None = None
     steps_to_target: dict[str, float | None] = field(default_factory=dict)
+    runs: dict[str, dict] = field(default_factory=dict)  # the file's runs: evals, step times
+    rate: str | None = None  # the link the file's runs were made over
 
 
 def read_bench(path: str, raw: dict) -> Compute:
@@ -164,6 +167,8 @@ def read_bench(path: str, raw: dict) -> Compute:
         {m: list(v) for m, v in raw.get("method_overrides", {}).items()},
         target,
         reached if target is not None else {},
+        {r["method"]: r for r in raw["results"]},
+        raw.get("rate"),
     )
 
 
@@ -199,6 +204,56 @@ def phase_compute(p, step_seconds: dict[str, float]) -> dict[str, float]:
     for kind in p.steps:
         out.setdefault(kind, fallback)
     return out
+
+
+def elapsed_at(evals: list[dict], step: float) -> float:
+    """A run's training seconds at `step`, interpolated over its evaluations (from 0 at
+    step 0); past the last one, at the last segment's pace."""
+    pts = [(0.0, 0.0), *((float(e["step"]), float(e["seconds"])) for e in evals)]
+    for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
+        if step <= s1 and s1 > s0:
+            return t0 + (step - s0) / (s1 - s0) * (t1 - t0)
+    (s0, t0), (s1, t1) = pts[-2], pts[-1]
+    return t1 + (step - s1) * (t1 - t0) / (s1 - s0)
+
+
+class ToTarget:
+    """The time model of time to a target accuracy, the one `plan`, bench.rates and the report
+    use: a run made without network cost (one of bench.network's unshaped runs) took
+    `elapsed_at(target_step)` seconds to the step where it reached the target (its
+    evaluations, syncs and phase changes included); a link adds to that what the planner's
+    `timing` adds over it to the steps and syncs before that step (the plan of the run cut
+    there). Training is the same at every rate (gloo and the data order are deterministic),
+    so the target step is too."""
+
+    def __init__(
+        self, cfg, nodes: int, ranks_per_node: int, classes: int, free: dict, target_step: float
+    ) -> None:
+        from abtrain.config import from_dict
+        from abtrain.planner import plan, timing
+
+        self.ranks = ranks_per_node
+        self.full = plan(cfg, nodes, ranks_per_node, classes)
+        self.compute = phase_compute(self.full, free["step_seconds"])
+        self.start = elapsed_at(free["evals"], target_step)
+        try:  # the run cut at the target step: its phases and syncs up to there
+            cut = from_dict(cfg.dump(), [f"steps={max(1, round(target_step))}"])
+            self.cut, self.scale = plan(cut, nodes, ranks_per_node, classes), 1.0
+        except (ConfigError, ValueError):  # too early for the schedule: scale the run
+            self.cut, self.scale = self.full, target_step / self.full.total_steps
+        self.free = timing(self.cut, ranks_per_node, self.compute, None).seconds
+
+    def step_seconds(self, link: float | None) -> float:
+        """The mean step over the whole run, syncs included."""
+        from abtrain.planner import timing
+
+        return timing(self.full, self.ranks, self.compute, link).mean_step_seconds
+
+    def seconds(self, link: float | None) -> float:
+        from abtrain.planner import timing
+
+        added = timing(self.cut, self.ranks, self.compute, link).seconds - self.free
+        return self.start + self.scale * added
 
 
 def predict(cfg, nodes: int, ranks_per_node: int, classes: int, step_seconds, link):
@@ -304,6 +359,7 @@ def run(args) -> int:
                 continue
             t = predict(c, args.nodes, args.ranks_per_node, classes, compute.seconds[m], link)
             rows.append((m, t))
+        to_target = target_seconds(args, cfgs, classes, compute, link)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -317,7 +373,6 @@ def run(args) -> int:
     )
     print(f"compute per step: {compute.source}")
     print_settings(args, compute, [m for m, _ in rows])
-    to_target = target_seconds(rows, compute)
     print_table(rows, to_target)
     for m, why in skipped.items():
         print(f"skipped {m}: {why}")
@@ -325,7 +380,12 @@ def run(args) -> int:
     print(
         "s/step: mean over the run, syncs included; run s: the steps and syncs (start-up, "
         "evaluation and checkpoints not counted); MB: inter-node bytes per rank; "
-        + ("to target s: steps to the target in the file's run x s/step. " if to_target else "")
+        + (
+            "to target s: the file's run's seconds to the target (evaluations included) plus "
+            "what the link adds to the steps and syncs before it. "
+            if to_target
+            else ""
+        )
         + "A step = its compute + its node's bytes over the link, no overlap."
     )
     return 0
@@ -345,16 +405,32 @@ def print_settings(args, compute: Compute, planned: list[str]) -> None:
         )
 
 
-def target_seconds(rows: list, compute: Compute) -> dict[str, float | None]:
-    """Each method's predicted seconds to the file's target top-1: its steps to the target
-    there times its predicted mean step; None where it did not reach it. Empty when the
-    compute source says nothing about accuracy."""
+def target_seconds(
+    args, cfgs: dict, classes: int, compute: Compute, link: float | None
+) -> dict[str, float | None]:
+    """Each method's predicted seconds to the file's target top-1 (ToTarget over the file's
+    run of it); None where that run did not reach it. Empty when the compute source says
+    nothing about accuracy."""
     if compute.target_top1 is None:
         return {}
-    out = {}
-    for m, t in rows:
+    if compute.rate not in ("unshaped", None):
+        raise ConfigError(
+            f"--compute {args.compute}: its runs were made over a {compute.rate} link, whose "
+            "time their seconds to the target hold; give the unshaped run's file "
+            "(bench/results/network-unshaped.json)"
+        )
+    out: dict[str, float | None] = {}
+    for m, cfg in cfgs.items():
         steps = compute.steps_to_target.get(m)
-        out[m] = None if steps is None else steps * t.mean_step_seconds
+        if m not in compute.runs:
+            continue
+        out[m] = (
+            None
+            if steps is None
+            else ToTarget(
+                cfg, args.nodes, args.ranks_per_node, classes, compute.runs[m], steps
+            ).seconds(link)
+        )
     return out
 
 
@@ -375,7 +451,8 @@ def print_table(rows: list, to_target: dict[str, float | None]) -> None:
             speed,
         )
         if to_target:
-            row += ("not reached" if to_target[m] is None else f"{to_target[m]:.1f}",)
+            got = to_target.get(m)
+            row += ("not reached" if got is None else f"{got:.1f}",)
         table.append(row)
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:
@@ -417,7 +494,7 @@ def recommend(args, rows: list, compute: Compute, to_target: dict[str, float | N
     )
     print(
         f"recommended: {best} (the first predicted to reach {target}{vs}; time to the target: "
-        f"the steps it took to it in {args.compute}'s run x its predicted s/step)"
+        f"its run's in {args.compute} plus what the link adds)"
     )
     if fastest != best:
         steps = compute.steps_to_target

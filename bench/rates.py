@@ -41,8 +41,7 @@ import yaml
 
 from abtrain import config as abconfig
 from abtrain.files import atomic_write_text
-from abtrain.plan import phase_compute
-from abtrain.planner import plan, timing
+from abtrain.plan import ToTarget
 from bench.planner import measured_mean, rate_bytes_per_s
 
 RESULTS = Path("bench/results")
@@ -203,56 +202,25 @@ def reach(evals: list[dict[str, Any]], target: float) -> dict[str, float] | None
     return None
 
 
-def elapsed_at(evals: list[dict[str, Any]], step: float) -> float:
-    """A run's training seconds at `step`, interpolated over its evaluations (from 0 at
-    step 0); past the last one, at the last segment's pace."""
-    pts = [(0.0, 0.0), *((float(e["step"]), float(e["seconds"])) for e in evals)]
-    for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
-        if step <= s1 and s1 > s0:
-            return t0 + (step - s0) / (s1 - s0) * (t1 - t0)
-    (s0, t0), (s1, t1) = pts[-2], pts[-1]
-    return t1 + (step - s1) * (t1 - t0) / (s1 - s0)
-
-
-def _cfg(params: dict, bench: dict, method: str, extra: list[str] = ()) -> abconfig.Config:
+def _cfg(params: dict, bench: dict, method: str) -> abconfig.Config:
     sets = [
         f"method={method}",
         *bench.get("overrides", []),
         *bench.get("method_overrides", {}).get(method, []),
-        *extra,
     ]
     return abconfig.from_dict(params["train"], sets)
 
 
-class Model:
-    """One method's predicted time to target at one shape, for any link."""
-
-    def __init__(
-        self, params: dict, bench: dict, free: dict, method: str, target_step: float
-    ) -> None:
-        nodes, ranks = bench["nodes"], bench["ranks_per_node"]
-        classes = bench.get("classes") or CLASSES  # None: written where data wasn't prepared
-        cfg = _cfg(params, bench, method)
-        self.ranks = ranks
-        self.full = plan(cfg, nodes, ranks, classes)
-        self.compute = phase_compute(self.full, free["step_seconds"])
-        self.start = elapsed_at(free["evals"], target_step)
-        try:  # the run cut at the target step: its phases and syncs up to there
-            cut = _cfg(params, bench, method, [f"steps={max(1, round(target_step))}"])
-            self.cut, self.scale = plan(cut, nodes, ranks, classes), 1.0
-        except (abconfig.ConfigError, ValueError):  # too early for the schedule: scale the run
-            self.cut, self.scale = self.full, target_step / self.full.total_steps
-        self.free = timing(self.cut, ranks, self.compute, None).seconds
-
-    def step_seconds(self, link: float | None) -> float:
-        return timing(self.full, self.ranks, self.compute, link).mean_step_seconds
-
-    def time_to_target(self, link: float | None) -> float:
-        added = timing(self.cut, self.ranks, self.compute, link).seconds - self.free
-        return self.start + self.scale * added
+def time_model(
+    params: dict, bench: dict, free: dict, method: str, target_step: float
+) -> ToTarget:
+    """One method's time to target at one shape, for any link (abtrain.plan.ToTarget)."""
+    classes = bench.get("classes") or CLASSES  # None: written where data wasn't prepared
+    cfg = _cfg(params, bench, method)
+    return ToTarget(cfg, bench["nodes"], bench["ranks_per_node"], classes, free, target_step)
 
 
-def _crossings(models: dict[str, Model]) -> list[dict[str, Any]]:
+def _crossings(models: dict[str, ToTarget]) -> list[dict[str, Any]]:
     grid = [GRID[0] * (GRID[1] / GRID[0]) ** (i / 200) for i in range(201)]
     out = []
     names = sorted(models)
@@ -260,7 +228,7 @@ def _crossings(models: dict[str, Model]) -> list[dict[str, Any]]:
         for b in names[i + 1 :]:
 
             def gap(x: float, a: str = a, b: str = b) -> float:
-                return models[a].time_to_target(x) - models[b].time_to_target(x)
+                return models[a].seconds(x) - models[b].seconds(x)
 
             for lo, hi in zip(grid, grid[1:]):
                 if gap(lo) * gap(hi) >= 0:
@@ -275,7 +243,7 @@ def _crossings(models: dict[str, Model]) -> list[dict[str, Any]]:
                         methods=[a, b],
                         mbit_per_s=link * 8 / 1e6,
                         link_bytes_per_s=link,
-                        seconds_to_target=models[a].time_to_target(link),
+                        seconds_to_target=models[a].seconds(link),
                         faster_below=slow_link_winner,
                         faster_above=b if slow_link_winner == a else a,
                     )
@@ -299,7 +267,7 @@ def analyse(params: dict, files: list[dict[str, Any]]) -> dict[str, Any]:
         target = min(best(r["evals"]) for d in benches for r in d["results"])
         own_free = unshaped[(nodes, ranks)]
         steps_from = {r["method"]: r for r in own_free["results"]} if own_free else {}
-        models: dict[str, Model] = {}
+        models: dict[str, ToTarget] = {}
         rates = []
         for d in sorted(benches, key=lambda d: -(rate_bytes_per_s(d["rate"]) or math.inf)):
             link = rate_bytes_per_s(d["rate"])
@@ -321,14 +289,14 @@ def analyse(params: dict, files: list[dict[str, Any]]) -> dict[str, Any]:
                 step = reach(source["evals"], target)
                 if m in free and step:
                     if m not in models:
-                        models[m] = Model(params, d, free[m], m, step["step"])
+                        models[m] = time_model(params, d, free[m], m, step["step"])
                     model = models[m]
                     row["measured_step_seconds"] = measured_mean(model.full, r["step_seconds"])
                     row["predicted_step_seconds"] = model.step_seconds(link)
                     row["step_error"] = (
                         row["predicted_step_seconds"] / row["measured_step_seconds"] - 1
                     )
-                    row["predicted_seconds_to_target"] = model.time_to_target(link)
+                    row["predicted_seconds_to_target"] = model.seconds(link)
                 rows.append(row)
             reached = [x for x in rows if x["seconds_to_target"] is not None]
             fastest = min(reached, key=lambda x: x["seconds_to_target"])["method"]
@@ -379,10 +347,10 @@ def analyse(params: dict, files: list[dict[str, Any]]) -> dict[str, Any]:
                 crossovers=_crossings(models),
                 model_curves={
                     m: [
-                        (x * 8 / 1e6, mod.time_to_target(x))
+                        (x * 8 / 1e6, mod.seconds(x))
                         for x in (GRID[0] * (GRID[1] / GRID[0]) ** (i / 60) for i in range(61))
                     ]
-                    + [(None, mod.time_to_target(None))]  # unshaped
+                    + [(None, mod.seconds(None))]  # unshaped
                     for m, mod in models.items()
                 },
             )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,21 @@ SEARCHES = Path("results/search")
 
 def params() -> dict[str, Any]:
     return abconfig.read_yaml(PARAMS)
+
+
+def one_line(err: BaseException) -> str:
+    """An error's message on one line: its lines joined, indentation dropped."""
+    return "; ".join(x.strip() for x in str(err).splitlines() if x.strip()).replace(":;", ":")
+
+
+def stage(main: Callable[..., int], *args: str) -> int:
+    """A stage's entry point: a config error ends it in one line naming the key, exit code 2,
+    as `abtrain train`'s do (DVC prints the line, then that the stage failed)."""
+    try:
+        return main(*args)
+    except (abconfig.ConfigError, space.SpaceError) as err:
+        print(f"[pipeline] error: {one_line(err)}", file=sys.stderr, flush=True)
+        return 2
 
 
 @dataclass(frozen=True)

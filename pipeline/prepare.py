@@ -7,7 +7,7 @@ import sys
 
 from abtrain.prepare import prepare
 from abtrain.sources import DataError
-from pipeline.common import data_configs, params
+from pipeline.common import data_configs, params, stage
 
 
 def main() -> int:
@@ -25,4 +25,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stage(main))

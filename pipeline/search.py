@@ -21,13 +21,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from abtrain.config import ConfigError
 from abtrain.files import atomic_write_text
-from pipeline.common import RUNS, SEARCHES, params
+from pipeline.common import RUNS, SEARCHES, params, stage
 from search import record
 from search.launch import mpirun_command
 
@@ -93,11 +95,59 @@ def stage_line(p: dict, backend: str) -> str:
     )
 
 
+# keys of `train` that change no number a search finds
+NOT_INPUTS = ("keep_checkpoints", "tracking", "dist.timeout_s")
+
+
+def _covered(key: str, prefixes: Iterable[str]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def _leaves(node: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of a nested section's values (an empty section counts as one)."""
+    if isinstance(node, dict) and node:
+        return [leaf for k, v in node.items() for leaf in _leaves(v, f"{prefix}{k}.")]
+    return [prefix.rstrip(".")]
+
+
+def search_inputs(p: dict[str, Any]) -> set[str]:
+    """The keys of `train` whose values the search's runs read: all but those search.train or
+    the space set, and those that change no number."""
+    set_by = {o.partition("=")[0].strip() for o in p["search"]["train"]} | set(p["search"]["space"])
+    return {
+        k for k in _leaves(p["train"]) if not _covered(k, set_by) and not _covered(k, NOT_INPUTS)
+    }
+
+
+def untracked_inputs(p: dict[str, Any], dvc_yaml: Path = Path("dvc.yaml")) -> list[str]:
+    """The keys the search reads that dvc.yaml's search stage does not track (after an edit of
+    search.train or the space): a change of them would not rerun the search."""
+    listed = yaml.safe_load(dvc_yaml.read_text())["stages"]["search"]["do"]["params"]
+    tracked = [x.removeprefix("train.") for x in listed if x.startswith("train.")]
+    return sorted(k for k in search_inputs(p) if not _covered(k, tracked))
+
+
+def check(p: dict[str, Any], args: list[str]) -> None:
+    """Everything that can be wrong with the search's settings, before mpirun starts; and, in
+    the pipeline, that its stage tracks every key the search reads."""
+    from search.driver import parse, validate
+
+    validate(parse(args), int(p["search"]["ranks"]))
+    if Path("dvc.yaml").exists() and (missing := untracked_inputs(p)):
+        raise ConfigError(
+            f"dvc.yaml: the search stage reads train.{missing[0]} (search.train and "
+            f"search.space no longer set it) but does not track it"
+            + (f", nor {len(missing) - 1} more" if len(missing) > 1 else "")
+            + ": add them to its params"
+        )
+
+
 def main(backend: str) -> int:
     p = params()
     print(stage_line(p, backend), flush=True)
     out = (RUNS / "search" / backend).resolve()  # messages name the folder in full
     args = ["--backend", backend, "--out", str(out)]
+    check(p, args)
     if p["experiments"]["launcher"] == "slurm":
         from pipeline.slurm import run_search
 
@@ -159,4 +209,4 @@ def search(out: Path, args: list[str], ranks: int, budget: int, start: Starter) 
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(stage(main, sys.argv[1]))

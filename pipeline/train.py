@@ -19,7 +19,17 @@ from typing import Any
 from abtrain import config as abconfig
 from abtrain.files import atomic_write_text
 from abtrain.launch import run_local
-from pipeline.common import PARAMS, RUNS, SEARCHES, Run, params, provenance, resolve, runs
+from pipeline.common import (
+    PARAMS,
+    RUNS,
+    SEARCHES,
+    Run,
+    params,
+    provenance,
+    resolve,
+    runs,
+    stage,
+)
 
 RESULTS, METRICS, PLOTS = Path("results"), Path("metrics"), Path("plots")
 
@@ -242,4 +252,4 @@ def train_one(p: dict, run: Run, sets: list[str], out: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(stage(main, sys.argv[1]))

@@ -2,6 +2,7 @@
 
 import sys
 
+from pipeline.common import stage
 from pipeline.report import main
 from pipeline.report.readme import copy_headline
 
@@ -9,4 +10,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--readme"]:
         copy_headline()
         sys.exit(0)
-    sys.exit(main())
+    sys.exit(stage(main))

@@ -39,6 +39,8 @@ def run_plan(capsys, link: str, *extra: str) -> tuple[dict[str, dict[str, float]
         cells = line.split()
         if len(cells) >= 6 and cells[5].endswith("x") and cells[0] != "method":
             rows[cells[0]] = dict(step=float(cells[1]), run=float(cells[2]))
+            if len(cells) == 7:
+                rows[cells[0]]["to_target"] = float(cells[6])
     return rows, out
 
 
@@ -79,6 +81,32 @@ def test_plan_recommends_the_method_the_benchmark_measured_first_to_the_target(c
         assert f"{fastest_step} has the fastest predicted run, but" in out
     rows, out = run_plan(capsys, link, "--methods", "ddp,ab_individual")
     assert "skipped ab_individual: no compute times" in out and set(rows) == {"ddp"}
+
+
+@pytest.mark.parametrize("rate", [r["rate"] for r in measured_shape()["rates"]])
+def test_plans_time_to_target_is_within_10_percent_of_the_measured(capsys, rate):
+    """One time model: `plan`, given the unshaped run, predicts each method's time to its
+    target top-1 over the link within 10% of the time bench.network measured over a real
+    link of that rate to the same accuracy (and as bench.rates predicts it)."""
+    from bench.rates import reach, result_name
+
+    d = json.loads(UNSHAPED.read_text())
+    target = d["results"][0]["target_top1"]
+    link = "none" if rate == "unshaped" else rate
+    rows, _ = run_plan(capsys, link)
+    measured = json.loads(
+        (
+            ROOT / "bench/results" / f"{result_name(2, 2, None if link == 'none' else rate)}.json"
+        ).read_text()
+    )
+    for r in measured["results"]:
+        got = reach(r["evals"], target)
+        assert got is not None, r["method"]
+        assert rows[r["method"]]["to_target"] == pytest.approx(got["seconds"], rel=0.10), (
+            r["method"],
+            rows[r["method"]]["to_target"],
+            got["seconds"],
+        )
 
 
 def test_a_method_that_missed_the_target_is_not_recommended(tmp_path, capsys):

@@ -125,9 +125,19 @@ def test_network_runs_the_matrixs_values_and_records_what_it_changed(tmp_path, m
     common += ["--methods", "ddp,ab_powersgd"]
     assert network.main([*common, "--rates", "200mbit"]) == 0
     d = json.loads((tmp_path / "network-200mbit.json").read_text())
-    # no --set: the committed runs' values, so a new rate joins them
+    # no --set: each method as the matrix's run of it at 2 x 2 trains (the search's values,
+    # the schedule's fractions of its steps, its own set), and the benchmark's measurement
+    from pipeline.common import params, run_overrides, runs
+    from pipeline.train import best_config
+
+    p = params()
+    ddp = [s for s in run_overrides(p, runs(p)["ddp-2x2"], best_config(p)) if "method=" not in s]
+    abps = run_overrides(p, runs(p)["abps-2x2"], best_config(p))
+    sets = d["overrides"] + d["method_overrides"]["ddp"]
+    assert {*ddp, *network.MEASURE_SETS} - {"eval_every=39"} == set(sets) - {"eval_every=39"}
+    assert d["method_overrides"]["ab_powersgd"] == ["ab.sync_mode=only_learned"] == abps[-1:]
+    # so a new rate joins the committed runs
     assert d["overrides"] == committed("network-200mbit")["overrides"]
-    assert d["method_overrides"]["ab_powersgd"] == ["ab.sync_mode=only_learned"]
     # a changed value replaces the default; runs of it are not summarised with the others
     assert network.main([*common, "--rates", "300mbit", "--set", "steps=100"]) == 2
     d = json.loads((tmp_path / "network-300mbit.json").read_text())

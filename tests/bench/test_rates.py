@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from abtrain import schedule
+from abtrain import plan, schedule
 from abtrain.config import from_dict
 from bench import network, planner, rates
 from tests.conftest import ROOT
@@ -30,8 +30,8 @@ def test_the_target_is_reached_on_the_smoothed_curve_between_evaluations():
     assert got["step"] == pytest.approx(25 + 10 * (29 - 28) / (30 - 28))
     assert got["seconds"] == pytest.approx(12.5 + 5 * 0.5)
     assert rates.reach(e, 30.5) is None
-    assert rates.elapsed_at(e, 15) == pytest.approx(7.5)
-    assert rates.elapsed_at(e, 50) == pytest.approx(25.0)  # past the end: the last pace
+    assert plan.elapsed_at(e, 15) == pytest.approx(7.5)
+    assert plan.elapsed_at(e, 50) == pytest.approx(25.0)  # past the end: the last pace
 
 
 def test_per_rate_files_are_named_by_rate_and_by_nodes_beyond_two_by_two():
@@ -112,6 +112,7 @@ def test_one_command_runs_every_shape_rate_and_method(tmp_path, monkeypatch, cap
             "4x1=200mbit",
             "--method-set",
             "ab_powersgd:ab.sync_mode=only_learned",
+            "--no-matrix",  # no params.yaml here
         ]
     )
     assert [x[:4] for x in seen] == [

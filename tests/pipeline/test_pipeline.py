@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import yaml
 from PIL import Image
+from ruamel.yaml import YAML
 
 from pipeline.miniature.run import freeze_planner
 from tests.conftest import ROOT
@@ -117,8 +118,11 @@ def mini(tmp_path_factory):
     repo = tmp / "repo"
     copy_repo(repo)
     write_images(tmp / "images")
-    params = miniature(yaml.safe_load((repo / "params.yaml").read_text()), tmp / "images")
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    # edited as a user edits it (its layout and comments kept): `-S` is tested on that text
+    rt = YAML()
+    params = miniature(rt.load((repo / "params.yaml").read_text()), tmp / "images")
+    with (repo / "params.yaml").open("w") as f:
+        rt.dump(params, f)
     freeze_planner(repo)  # paper-scale predictions, not the miniature's: as pipeline.miniature
     first = dvc(repo, "repro")
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
@@ -429,3 +433,44 @@ def test_a_search_rerun_is_one_command_and_retrains_what_follows(mini):
     assert len(after.splitlines()) == 2  # the budget: search.evaluations
     status = dvc(repo, "status", "--json")
     assert json.loads(status.stdout) == {}, status.stdout
+
+
+@pytest.mark.multiprocess
+def test_a_failed_experiment_keeps_the_committed_search_record(mini):
+    """A search stage that fails (here a budget of 0) under `dvc exp run`: refused in one line
+    before mpirun starts, and the record the runs train from left byte for byte."""
+    repo, _ = mini
+    text = (repo / "params.yaml").read_text()
+    before = {path: (repo / path).read_bytes() for path in RECORD}
+    try:
+        run = dvc(repo, "exp", "run", "-S", "search.evaluations=0")
+    finally:
+        (repo / "params.yaml").write_text(text)
+    assert run.returncode != 0
+    said = run.stdout + run.stderr
+    assert (
+        "[pipeline] error: invalid search config: search.evaluations: "
+        "Input should be greater than or equal to 1"
+    ) in said
+    assert "mpirun" not in said and "Traceback" not in said
+    assert {path: (repo / path).read_bytes() for path in RECORD} == before
+
+
+@pytest.mark.multiprocess
+def test_set_changes_only_its_value_and_reruns_only_what_reads_it(mini):
+    """`dvc exp run -S train.optim.lr=... train@ddp-2x1`, the README's example: params.yaml
+    differs in that one line, and the searches don't rerun (the space sets lr)."""
+    repo, _ = mini
+    text = (repo / "params.yaml").read_text()
+    try:
+        run = dvc(repo, "exp", "run", "-S", "train.optim.lr=0.00123", "train@ddp-2x1")
+        after = (repo / "params.yaml").read_text()
+    finally:
+        (repo / "params.yaml").write_text(text)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "Running stage 'search@" not in run.stdout  # the space sets lr: not its input
+    assert "Running stage 'train@ddp-2x1'" in run.stdout
+    old, new = text.splitlines(), after.splitlines()
+    assert len(old) == len(new)
+    changed = [(a, b) for a, b in zip(old, new) if a != b]
+    assert len(changed) == 1 and changed[0][1].strip().startswith("lr: 0.00123"), changed
