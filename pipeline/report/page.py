@@ -249,7 +249,7 @@ def verdict(
         return []
     own = [r["diff_best"] for r in acc if r["method"] == "ab" and r["diff_best"] is not None]
     study = matching_study(studies, acc, p)
-    shapes = tables.first_to_target()
+    shapes = tables.first_to_target(p=p)
     main = shapes[0] if shapes else None
     ab_first = any(x["method"] == "ab" for s in shapes for x in s["leads"])
     below = study["diff"]["mean"] < 0 if study else bool(own) and max(own) < 0
@@ -261,25 +261,26 @@ def verdict(
         head = "on this CPU-sized profile AB training saves bytes at a cost in accuracy."
     else:
         head = "on this CPU-sized profile AB training saves bytes at no measured cost in accuracy."
+    # one short sentence a line: the README's first screen is read, not scrolled
     text = [
-        f"**Verdict: {head}** It sends {span([r['ratio_to_ddp'] for r in ab_t1], '.3f')} of "
-        f"DDP's inter-node bytes ({len(ab_t1)} scale{'s' * (len(ab_t1) > 1)})"
+        f"**Verdict: {head}**",
+        "",
+        f"- It sends {span([r['ratio_to_ddp'] for r in ab_t1], '.3f')} of DDP's inter-node "
+        f"bytes ({len(ab_t1)} scale{'s' * (len(ab_t1) > 1)}).",
     ]
     if study:
         d = study["diff"]
         text.append(
-            f", but its best top-1 is {abs(d['mean']):.2f} ± {d['sd']:.2f} points "
-            f"{'below' if d['mean'] < 0 else 'above'} DDP's (mean ± sd over {d['n']} seeds of "
-            f"{d['of']}: {', '.join(f'{v:+.2f}' for v in d['per_seed'].values())}; "
-            f"`reports/{study['folder']}/`, made with the same search values as the runs)."
+            f"- Its best top-1 is {abs(d['mean']):.2f} ± {d['sd']:.2f} points "
+            f"{'below' if d['mean'] < 0 else 'above'} DDP's ({d['n']} seeds of {d['of']}: "
+            f"{', '.join(f'{v:+.2f}' for v in d['per_seed'].values())}; "
+            f"`reports/{study['folder']}/`)."
         )
     elif own:
         text.append(
-            f", at {span([-x for x in own], '.2f')} points of best top-1 below DDP's (one "
-            "seed per scale: no seed study here is made with the runs' own values)."
+            f"- It is {span([-x for x in own], '.2f')} points of best top-1 below DDP's (one "
+            "seed per scale: no seed study here is made with the runs' values)."
         )
-    else:
-        text.append(".")
     if shapes:
 
         def firsts(s: dict[str, Any]) -> str:
@@ -291,14 +292,13 @@ def verdict(
 
         others = "".join(f"; {shape_name(s)}: {firsts(s)}" for s in shapes[1:])
         text.append(
-            (
-                f" It is never first to the target accuracy at any emulated link rate from "
-                f"{mbit(main['grid'][0])} to {mbit(main['grid'][1])}"
-                if not ab_first
-                else " First to the target accuracy at each emulated link rate"
-            )
-            + f": {firsts(main)} ({main['nodes']} nodes × {main['ranks_per_node']} ranks"
-            f"{others})."
+            f"- It is never first to the target accuracy at any emulated link rate from "
+            f"{mbit(main['grid'][0])} to {mbit(main['grid'][1])}."
+            if not ab_first
+            else "- It is first to the target accuracy on some emulated links only."
+        )
+        text.append(
+            f"- {firsts(main)} ({main['nodes']} nodes × {main['ranks_per_node']} ranks{others})."
         )
 
     def scheme_text(rows: list[Any], scheme: str) -> str:
@@ -312,23 +312,22 @@ def verdict(
         k: [r["rate_ratio_to_ddp"] for r in ab_t1 if r.get("rate_ratio_to_ddp") and r["batch"] == k]
         for k in ("local", "global")
     }
-    text.append(
-        " The paper's reduction of network traffic (\""
+    text += [
+        "- The paper's reduction of network traffic (\""
         + paper["table2"]["measured_reduction_claim"]
-        + '") is measured in GB/s, traffic over wall time, not in bytes: its Table 1 gives '
-        "AB/baseline "
+        + '") is measured in GB/s, traffic over wall time, not in bytes.',
+        "- Its Table 1 gives AB/baseline "
         + " and ".join(scheme_text(v, k) for k, v in paper_at.items() if v)
-        + " (mean ± sd over its rows, 2-32 nodes); "
-        + (
-            "here AB's GB/s over DDP's is "
+        + " (mean ± sd over its rows, 2-32 nodes).",
+        (
+            "- Here AB's GB/s over DDP's is "
             + " and ".join(scheme_text(v, k) for k, v in here_at.items() if v)
-            + ", which moves with each run's time on this machine."
+            + "; it moves with each run's time on this machine."
             if gb_per_s and any(here_at.values())
-            else "the report sets this machine's GB/s ratio beside it, batch scheme by "
-            "batch scheme."
-        )
-        + " The paper's accuracy at its scale (ImageNet on GPU clusters) is not tested here."
-    )
+            else "- The report sets this machine's GB/s ratio beside it."
+        ),
+        "- The paper's accuracy at its scale (ImageNet on GPU clusters) is not tested here.",
+    ]
     how = [
         "Bytes: inter-node bytes per rank as the ledger counts them, over DDP's at the same "
         "scale. Δ: best top-1 minus DDP's in percentage points; ± is the sample sd over the "
@@ -337,17 +336,23 @@ def verdict(
     if shapes:
         checked = [m for s in shapes for m in s["measured"]]
         agree = sum(m["fastest"] == m["model"] for m in checked)
+        made = (
+            f"the values of the matrix's {shape_name(main)} runs, evaluated every 10 steps"
+            if main.get("matrix_values")
+            else f"{main['steps']} steps of its own schedule, not the matrix's values"
+            if main["steps"]
+            else "its own values"
+        )
         how.append(
             "First to the target: the emulated-cluster benchmark "
-            "(`bench/results/network-rates.json`; one seed"
-            + (f", {main['steps']} steps of its own schedule" if main["steps"] else "")
-            + f", target {main['target_top1']:.2f}% top-1 on {shape_name(main)}), measured at "
+            f"(`bench/results/network-rates.json`; one seed, made with {made}; target "
+            f"{main['target_top1']:.2f}% top-1 on {shape_name(main)}), measured at "
             + " and ".join(
                 f"{len(s['measured'])} link rate{'s' * (len(s['measured']) > 1)} on {shape_name(s)}"
                 for s in shapes
             )
-            + f"; between them the planner's time model, which names the measured fastest at "
-            f"{agree} of those {len(checked)}"
+            + f". Between them the time model (`abtrain.plan.ToTarget`, as `abtrain plan` uses "
+            f"it) names the measured fastest at {agree} of those {len(checked)}"
             + (
                 "."
                 if main["model"] == p["train"]["model"]
@@ -355,7 +360,7 @@ def verdict(
             )
         )
     table, apart = verdict_table(p, acc, t1, studies, main)
-    return ["".join(text), "", *table, "", " ".join(how + apart)]
+    return ["\n".join(text), "", *table, "", *[x for note in how + apart for x in (note, "")][:-1]]
 
 
 def verdict_table(

@@ -387,12 +387,29 @@ def study_difference(study: dict[str, Any]) -> dict[str, Any] | None:
 NETWORK_RATES = Path("bench/results/network-rates.json")
 
 
-def first_to_target(path: Path | None = None) -> list[dict[str, Any]]:
+def made_like_the_matrix(p: dict[str, Any], run: dict[str, Any]) -> bool:
+    """Whether a bench.network per-rate file's runs were made with the values the matrix's
+    runs of their methods train with now (bench.network's default), measurement aside."""
+    from bench.network import MEASURE_SETS, last_of_each_key, matrix_sets
+
+    try:
+        methods = [r["method"] for r in run["results"]]
+        shared, own = matrix_sets(p, run["nodes"], run["ranks_per_node"], methods)
+    except (SystemExit, abconfig.ConfigError, ValueError, KeyError, OSError):
+        return False  # no such run in the matrix, or no search record to resolve it
+    want = last_of_each_key([*shared, *MEASURE_SETS])
+    return run.get("overrides") == want and (run.get("method_overrides") or {}) == own
+
+
+def first_to_target(
+    path: Path | None = None, p: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """Which method reaches the target accuracy first, over link rates, per shape of the
     emulated-cluster benchmark (`python -m bench.rates`; [] where it has not run).
 
     Each shape: `nodes`, `ranks_per_node`, `target_top1`, `steps` (the benchmark's run
-    length, from its per-rate files' overrides, or None), `grid` (the lowest and highest
+    length, from its per-rate files' overrides, or None), `matrix_values` (given the params
+    `p`: every per-rate file made with the matrix's runs' values), `grid` (the lowest and highest
     rate of its time model, Mbit/s), `leads` (one {method, lo, hi} per span of rates where
     the model has that method first, its ends at the crossovers between the two leaders),
     `unshaped` (first on the unshaped link) and `measured` (per measured rate: the measured
@@ -401,12 +418,13 @@ def first_to_target(path: Path | None = None) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     data = json.loads(path.read_text())
-    steps, model = None, None
+    steps, model, like = None, None, p is not None
     for other in sorted(path.parent.glob("network-*.json")):
         if other == path:
             continue
         run = json.loads(other.read_text())
         model = model or run.get("model")
+        like = like and made_like_the_matrix(p, run)
         sets = run.get("overrides", [])
         found = [int(x.split("=", 1)[1]) for x in sets if x.startswith("steps=")]
         if found and steps is None:
@@ -446,6 +464,7 @@ def first_to_target(path: Path | None = None) -> list[dict[str, Any]]:
                 ranks_per_node=s["ranks_per_node"],
                 target_top1=s["target_top1"],
                 steps=steps,
+                matrix_values=like,  # made with the matrix's runs' values (given `p`)
                 model=model,  # the model its runs trained (None: recorded before timm's)
                 methods=methods,
                 grid=(grid[0], grid[-1]),

@@ -245,3 +245,15 @@ def test_the_committed_verdict_is_the_matching_seed_studys(monkeypatch):
     else:
         assert "one seed per scale" in text
     assert "`reports/seeds/`" not in text
+    # the benchmark's columns are made with the runs' own values, and the verdict says so
+    whole = "\n".join(page.verdict(p, acc, t1, json.loads(page.PAPER.read_text()), studies))
+    assert "made with the values of the matrix's 2 × 2 runs" in whole
+
+
+def test_the_verdict_is_short_sentences_and_names_the_benchmarks_values(here):
+    md = page.verdict(P, ACC, T1, PAPER, tables.seed_studies(P))
+    lines = md[0].splitlines()
+    assert lines[0].startswith("**Verdict: ") and all(len(x) <= 200 for x in lines), lines
+    assert sum(x.startswith("- ") for x in lines) >= 5
+    note = next(x for x in md if x.startswith("First to the target"))
+    assert "160 steps of its own schedule, not the matrix's values" in note
