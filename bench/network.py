@@ -175,13 +175,20 @@ def progress_line(
     rate: str | None,
     elapsed: float,
     result: dict[str, Any] | None = None,
+    predicted: list[float] | None = None,
 ) -> str:
     """`[bench.network] run 3 of 8 started: ab at 200mbit; elapsed 4m10s, ETA 9m45s` and, with
-    its result, `... finished: ab at 200mbit in 111 s, best top-1 31.15%; ...`. The ETA
-    takes the runs so far as the measure of those left (shaped links run longer)."""
+    its result, `... finished: ab at 200mbit in 111 s, best top-1 31.15%; ...`. The ETA: the
+    runs left as `predicted` (each run's predicted seconds, `estimate`) has them, scaled by
+    how the finished ones compared with it; without it, the finished runs' mean per run
+    (a poor measure: a slow link's run takes several times a fast one's)."""
     where = f"{method} at {rate or 'unshaped'}"
     finished = k if result else k - 1
-    eta = f"{_minutes(elapsed / finished * (n - finished))}" if finished else "?"
+    if finished and predicted:
+        left = sum(predicted[finished:]) * elapsed / max(1e-9, sum(predicted[:finished]))
+        eta = _minutes(left)
+    else:
+        eta = f"{_minutes(elapsed / finished * (n - finished))}" if finished else "?"
     if result is None:
         return f"[bench.network] run {k} of {n} started: {where}; elapsed {_minutes(elapsed)}, ETA {eta}"
     return (
@@ -372,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     a.results.mkdir(parents=True, exist_ok=True)
     work = a.work
     work.mkdir(parents=True, exist_ok=True)
+    try:  # the ETA's measure; none where no committed unshaped run says how long steps take
+        predicted = estimate(runs, a)
+    except (OSError, KeyError, ValueError, IndexError, abconfig.ConfigError):
+        predicted = None
     t0, k = time.monotonic(), 0
     for nodes, ranks, rates in shapes:
         shape = argparse.Namespace(**{**vars(a), "nodes": nodes, "ranks_per_node": ranks})
@@ -380,9 +391,12 @@ def main(argv: list[str] | None = None) -> int:
             for method in methods:
                 k += 1
                 elapsed = time.monotonic() - t0
-                print(progress_line(k, len(runs), method, rate, elapsed), flush=True)
+                print(
+                    progress_line(k, len(runs), method, rate, elapsed, None, predicted), flush=True
+                )
                 results.append(run_one(method, rate, shape, work))
-                done = progress_line(k, len(runs), method, rate, time.monotonic() - t0, results[-1])
+                elapsed = time.monotonic() - t0
+                done = progress_line(k, len(runs), method, rate, elapsed, results[-1], predicted)
                 print(done, flush=True)
             own = recorded_method_sets(shape, rate, methods)
             if a.merge:

@@ -58,7 +58,26 @@ def spec(props: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     renderer = VegaRenderer(
         data, props.get("title", ""), template=TEMPLATE, **{k: props[k] for k in keep if k in props}
     )
-    return renderer.get_filled_template()
+    return only_present(renderer.get_filled_template(), {r.get("method") for r in data})
+
+
+def only_present(node: Any, methods: set[str]) -> Any:
+    """The spec with each `method` scale's domain (and its range) cut to the methods that
+    have rows: the legend lists no method without a run. (`dvc plots show` keeps the
+    template's whole palette: DVC fills the template, not this.)"""
+    if isinstance(node, list):
+        return [only_present(x, methods) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: only_present(v, methods) for k, v in node.items()}
+    scale = out.get("scale")
+    if out.get("field") == "method" and isinstance(scale, dict) and "domain" in scale:
+        keep = [i for i, m in enumerate(scale["domain"]) if m in methods]
+        out["scale"] = {
+            **scale,
+            **{k: [scale[k][i] for i in keep] for k in ("domain", "range") if k in scale},
+        }
+    return out
 
 
 def render(dvc_yaml: Path = DVC_YAML) -> list[Path]:

@@ -54,6 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# neither a method's colour in the report's figures (pipeline.style) nor like one
+BACKEND_STYLE = {
+    "propulate": dict(color="#222222", ls="-"),
+    "optuna": dict(color="#8c6d31", ls="--"),
+}
+
+
 def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -65,8 +72,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         xs = [c["evaluation"] for c in r["curve"]]
         ts = [c["seconds"] for c in r["curve"]]
         ys = [c["best_error"] for c in r["curve"]]
-        axes[0].step(xs, ys, where="post", label=r["backend"])
-        axes[1].step(ts, ys, where="post", label=r["backend"])
+        look = BACKEND_STYLE.get(r["backend"], {})
+        axes[0].step(xs, ys, where="post", label=r["backend"], **look)
+        axes[1].step(ts, ys, where="post", label=r["backend"], **look)
     axes[0].set_xlabel("evaluations")
     axes[1].set_xlabel("wall time (s)")
     for ax in axes:

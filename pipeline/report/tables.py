@@ -298,7 +298,34 @@ def curves(done: dict[str, dict]) -> list[dict[str, Any]]:
             scale_order=order.index(key),
         )
         rows += [{**r, **extra} for r in own]
-    return rows
+    return with_label_positions(rows)
+
+
+def with_label_positions(rows: list[dict[str, Any]], gap: float = 0.075) -> list[dict[str, Any]]:
+    """`label_y` on each run's last row: where the template writes the run's name, right of
+    its line's end, at its top-1 moved apart from its panel's other names by at least `gap`
+    of the charts' top-1 range (a name sits on no line, and no two overlap)."""
+    tops = [r["val_top1"] for r in rows if r.get("val_top1") is not None]
+    if not tops:
+        return rows
+    step = gap * ((max(tops) - min(tops)) or 1.0)
+    last: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r.get("val_top1") is not None:
+            last[r["run"]] = r
+    out = [{**r, "label_y": None} for r in rows]
+    ends = {id(r): i for i, r in enumerate(rows)}
+    for scale in {r["scale"] for r in last.values()}:
+        ranked = sorted(
+            (r for r in last.values() if r["scale"] == scale), key=lambda r: r["val_top1"]
+        )
+        ys = [r["val_top1"] for r in ranked]
+        for i in range(1, len(ys)):  # push up what would overlap the name below
+            ys[i] = max(ys[i], ys[i - 1] + step)
+        shift = max(0.0, ys[-1] - max(tops))  # and the stack back down, under the top
+        for r, y in zip(ranked, ys):
+            out[ends[id(r)]]["label_y"] = round(y - shift, 4)
+    return out
 
 
 # ---------------------------------------------------------------- searches and seeds

@@ -186,6 +186,7 @@ def test_the_rendered_curves_show_every_run(reported):
         svg = (repo / "reports" / "figures" / f"{chart}.svg").read_text()
         for name in names:  # each line is labelled with its run's name
             assert f">{name}<" in svg, (chart, name)
+        assert ">ab_individual<" not in svg  # the legend lists the methods that ran
         assert "2 nodes × 1 rank, global batch" in svg  # a panel per scale
         assert (repo / "reports" / "figures" / f"{chart}.png").stat().st_size > 20_000
         page = (repo / "reports" / "plots" / f"{chart}.html").read_text()
@@ -229,7 +230,8 @@ def test_dvc_plots_show_draws_the_same_spec_with_every_run(reported):
             ours = plots.spec(defs[chart], rows)
             drop = {"filename", "field"}  # DVC's own bookkeeping
             spec["data"]["values"] = [{k: v for k, v in r.items() if k not in drop} for r in values]
-            assert spec == ours
+            # the same, but for the legend: ours lists only the methods that have a run
+            assert plots.only_present(spec, {r["method"] for r in rows}) == ours
     finally:
         os.chdir(ROOT)
 
@@ -329,3 +331,29 @@ def test_figures_saved_through_the_style_are_the_same_bytes_each_time(tmp_path):
     from PIL import Image
 
     assert Image.open(tmp_path / "plain.png").size == (300, 200)
+
+
+def test_run_names_sit_right_of_their_lines_and_apart():
+    """The curves' labels: one per run, at its last point's top-1 unless a name below it is
+    too close, never two within the gap of each other in a panel."""
+    from pipeline.report.tables import with_label_positions
+
+    rows = [
+        dict(run=run, scale=scale, step=step, val_top1=top1)
+        for run, scale, ends in (
+            ("ddp", "2x2", 33.70),
+            ("ab", "2x2", 33.65),
+            ("psgd", "2x2", 33.60),
+            ("ddp-1", "2x1", 25.0),
+        )
+        for step, top1 in ((1, 24.0), (2, ends))
+    ]
+    out = with_label_positions(rows, gap=0.05)
+    labels = {r["run"]: r["label_y"] for r in out if r["label_y"] is not None}
+    assert set(labels) == {"ddp", "ab", "psgd", "ddp-1"}
+    assert [r["label_y"] for r in out if r["step"] == 1] == [None] * 4
+    assert labels["ddp-1"] == 25.0  # alone in its panel: where its line ends
+    gap = 0.05 * (33.70 - 24.0)
+    ys = sorted(labels[r] for r in ("ddp", "ab", "psgd"))
+    assert all(b - a >= gap - 1e-9 for a, b in zip(ys, ys[1:]))
+    assert max(ys) <= 33.70 + 1e-9  # no higher than the charts' top

@@ -339,3 +339,12 @@ def test_space_encodings_round_trip():
     assert hp["ab.sync_mode"] == "with_stale"  # choices travel as indices
     sets = space.overrides(hp, s, steps=200)
     assert "ab.warmup_steps=20" in sets  # a fraction of the steps
+
+
+def test_the_backends_colours_are_no_methods():
+    from pipeline.style import COLOURS
+    from search.compare import BACKEND_STYLE
+
+    used = {c.lower() for c in COLOURS.values()}
+    assert {s["color"].lower() for s in BACKEND_STYLE.values()}.isdisjoint(used)
+    assert len({s["color"] for s in BACKEND_STYLE.values()}) == len(BACKEND_STYLE)
