@@ -211,9 +211,7 @@ def _cfg(params: dict, bench: dict, method: str) -> abconfig.Config:
     return abconfig.from_dict(params["train"], sets)
 
 
-def time_model(
-    params: dict, bench: dict, free: dict, method: str, target_step: float
-) -> ToTarget:
+def time_model(params: dict, bench: dict, free: dict, method: str, target_step: float) -> ToTarget:
     """One method's time to target at one shape, for any link (abtrain.plan.ToTarget)."""
     classes = bench.get("classes") or CLASSES  # None: written where data wasn't prepared
     cfg = _cfg(params, bench, method)
