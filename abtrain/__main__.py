@@ -11,15 +11,17 @@ import sys
 
 from abtrain import compare, plan
 from abtrain.check import check_batch, refuse_unfactorisable, run_check
-from abtrain.config import ConfigError, load
+from abtrain.config import ConfigError, load, one_line
 from abtrain.launch import die_with_parent
 
 # abtrain.methods, .trainer and the data modules import torch: the commands that need them
 # import them where they do, so that `--help` and `compare` don't load torch.
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m abtrain")
+def build_parser(kind: type[argparse.ArgumentParser] = argparse.ArgumentParser):
+    """The command line of `python -m abtrain` (the launcher parses it too, with a `kind`
+    that raises, before it starts any torchrun)."""
+    parser = kind(prog="python -m abtrain")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train one run (launch with torchrun)")
     train.add_argument(
@@ -49,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     comp = sub.add_parser("compare", help="table of finished runs; traffic relative to ddp")
     comp.add_argument("runs", nargs="+", help="run folders holding summary.json")
     plan.add_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "compare":
         return compare.run(args.runs)
     if args.command == "plan":
@@ -72,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         check_batch(cfg, launch.world_size)
         refuse_unfactorisable(cfg)  # before any process group exists
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     return _train(cfg, args.out, launch)
 

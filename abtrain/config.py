@@ -32,6 +32,12 @@ class ConfigError(ValueError):
     """A config that can't be run; the message names the key."""
 
 
+def one_line(err: BaseException) -> str:
+    """An error's message on one line (the last thing on screen): its lines joined,
+    indentation dropped, e.g. `p.yaml: invalid config: steps: Input should be > 0`."""
+    return "; ".join(x.strip() for x in str(err).splitlines() if x.strip()).replace(":;", ":")
+
+
 class _Section(BaseModel):
     # YAML reads .inf and .nan as floats; no value of this config means either
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -167,27 +168,26 @@ def run_local(
 
 
 def refusal(args: Sequence[str]) -> str | None:
-    """Why `python -m abtrain ARGS` would be refused before training, said once here
-    rather than by every rank after torchrun started them all: a `train` whose config
-    can't be read, or whose model leaves its AB method no layer to factorise. None when
-    it may start, or when it can't be told here (a model that doesn't build in this
-    process: the ranks report that themselves)."""
-    if not args or args[0] != "train":
-        return None
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--config")
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
-    ns, _ = parser.parse_known_args(list(args[1:]))
-    if ns.config is None:
-        return None
+    """Why `python -m abtrain ARGS` would be refused before training, said once here in one
+    line rather than by every rank after torchrun started them all: arguments the command
+    doesn't take, a `train` whose config can't be read or is invalid, or whose model leaves
+    its AB method no layer to factorise. None when it may start, or when it can't be told
+    here (a model that doesn't build in this process: the ranks report that themselves)."""
     # imported here: the launcher needs torch only to build the model it checks
+    from abtrain.__main__ import build_parser
     from abtrain.check import refuse_unfactorisable
-    from abtrain.config import ConfigError, load
+    from abtrain.config import ConfigError, load, one_line
+
+    class Refusing(argparse.ArgumentParser):  # argparse's error as a value, not an exit
+        def error(self, message: str) -> typing.NoReturn:
+            raise ConfigError(f"python -m abtrain: {message}")
 
     try:
-        refuse_unfactorisable(load(ns.config, ns.overrides))
+        ns = build_parser(Refusing).parse_args(list(args))
+        if ns.command == "train":
+            refuse_unfactorisable(load(ns.config, ns.overrides))
     except ConfigError as err:
-        return str(err)
+        return one_line(err)
     return None
 
 

@@ -501,6 +501,8 @@ class Tracker:
             name=model_name(self.run_name or "model"),
             signature=signature,
             run_id=self.run_id,
+            # the model page's "Logged from": what ran, not the entry file (`__main__.py`)
+            tags=source_tags(git_commit()),
             step=step,
             # stated, not inferred: inference imports the model in a subprocess (seconds)
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
+from abtrain.config import one_line
 from search import space
 
 PARAMS = Path("params.yaml")
@@ -24,9 +27,16 @@ def params() -> dict[str, Any]:
     return abconfig.read_yaml(PARAMS)
 
 
-def one_line(err: BaseException) -> str:
-    """An error's message on one line: its lines joined, indentation dropped."""
-    return "; ".join(x.strip() for x in str(err).splitlines() if x.strip()).replace(":;", ":")
+def move_aside(out: Path) -> Path:
+    """Rename `out` to a timestamped sibling, which nothing here ever deletes."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    backup = out.with_name(f"{out.name}.moved-{stamp}")
+    n = 1
+    while backup.exists():
+        n += 1
+        backup = out.with_name(f"{out.name}.moved-{stamp}-{n}")
+    os.rename(out, backup)
+    return backup
 
 
 def stage(main: Callable[..., int], *args: str) -> int:

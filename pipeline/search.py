@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import yaml
 
 from abtrain.config import ConfigError
 from abtrain.files import atomic_write_text
-from pipeline.common import RUNS, SEARCHES, params, stage
+from pipeline.common import RUNS, SEARCHES, move_aside, params, stage
 from search import record
 from search.launch import mpirun_command
 
@@ -48,18 +47,6 @@ def differing(args: list[str], ranks: int) -> list[str] | None:
     except (SpaceError, ConfigError, OSError, ValueError) as err:
         print(f"[pipeline] can't compare the settings ({err}): trying --resume", flush=True)
         return None
-
-
-def move_aside(out: Path) -> Path:
-    """Rename `out` to a timestamped sibling, which nothing here ever deletes."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    backup = out.with_name(f"{out.name}.moved-{stamp}")
-    n = 1
-    while backup.exists():
-        n += 1
-        backup = out.with_name(f"{out.name}.moved-{stamp}-{n}")
-    os.rename(out, backup)
-    return backup
 
 
 def run_mpirun(ranks: int, args: list[str]) -> int:

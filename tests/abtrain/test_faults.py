@@ -292,3 +292,31 @@ def test_a_nodes_torchrun_killed_outright_ends_the_run_at_once_saying_so(tmp_pat
     finally:
         for pid in processes_of(tmp_path):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--set", "steps=-5"],
+        ["--set", "batch_size=0"],
+        ["--set", "eval_every=0"],
+        ["--set", "checkpoint_every=-1"],
+        ["--bogus"],  # a mistyped argument
+        ["--set", "optim.lr"],  # a --set without a value
+    ],
+    ids=["steps", "batch_size", "eval_every", "checkpoint_every", "argument", "set"],
+)
+def test_the_launcher_refuses_a_bad_value_in_one_line_before_any_torchrun(tmp_path, bad):
+    """Exit code 2 and one line, as `abtrain check`; nothing of torchrun on screen (it never
+    started: its ranks would each print the error, and torchrun its report) and no run
+    folder written."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "abtrain.launch", "--nnodes=2", "--nproc-per-node=1", "train"]
+    cmd += ["--config", str(PARAMS), "--out", str(out), *bad]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    key = bad[-1].lstrip("-").split("=")[0]
+    assert key in lines[0], lines
+    assert not out.exists()

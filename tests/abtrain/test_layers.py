@@ -457,9 +457,9 @@ def test_train_and_the_launcher_refuse_it_before_any_process_starts(monkeypatch,
     assert "ab.full_rank_layers: 'nope' names no layer" in capsys.readouterr().err
     # what may start is let through, and so is a model this process can't build
     ok = ["train", "--config", str(PARAMS), *sets(*TINY), "--out", "unused"]
-    assert launch.refusal(ok) is None and launch.refusal(["check", *ok[1:]]) is None
+    assert launch.refusal(ok) is None and launch.refusal(["check", *ok[1:-2]]) is None
     elsewhere = "model={name: python, factory: 'not_here:f', kwargs: {}, init: default}"
-    assert launch.refusal([*ok[:-2], *sets(elsewhere)]) is None
+    assert launch.refusal([*ok[:-2], *sets(elsewhere), "--out", "unused"]) is None
 
 
 RESNET18 = "model={name: timm, arch: resnet18, kwargs: {}, init: default}"

@@ -235,6 +235,7 @@ def test_final_model_is_logged_with_a_signature_and_loads(tracked):
     assert [m.source_run_id for m in models] == [runs["ab"].info.run_id]  # not ddp's
     (model,) = models
     assert model.name == runs["ab"].info.run_name == "ab-mlp-synthetic-2x1-b16"
+    assert model.tags["mlflow.source.name"] == "python -m abtrain train"  # not __main__.py
     assert model.artifact_location.startswith((d / "mlartifacts").as_uri())
     mlflow.set_tracking_uri(uri)
     uri_ = f"models:/{model.model_id}"

@@ -474,3 +474,48 @@ def test_set_changes_only_its_value_and_reruns_only_what_reads_it(mini):
     assert len(old) == len(new)
     changed = [(a, b) for a, b in zip(old, new) if a != b]
     assert len(changed) == 1 and changed[0][1].strip().startswith("lr: 0.00123"), changed
+
+
+@pytest.mark.multiprocess
+def test_retraining_one_run_touches_nothing_else(mini):
+    """The documented command (docs/pipeline.md): one run trained afresh through DVC, its
+    old folder kept aside; no search reruns, and every other committed file, the other
+    stages' lines of dvc.lock included, stays byte for byte."""
+    repo, _ = mini
+    name = "ab-2x1"
+    own = {f"{d}/{name}.json" for d in ("results", "plots", "metrics")}
+
+    def committed() -> dict[str, bytes]:
+        out = {}
+        for top in ("results", "plots", "metrics", "reports", "bench/results"):
+            for f in (repo / top).rglob("*"):
+                rel = str(f.relative_to(repo))
+                if f.is_file() and rel not in own:
+                    out[rel] = f.read_bytes()
+        lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+        out["dvc.lock"] = json.dumps({k: v for k, v in lock.items() if k != f"train@{name}"})
+        return out
+
+    before, result = committed(), json.loads((repo / "results" / f"{name}.json").read_text())
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "pipeline.retrain", name],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert re.findall(r"Running stage '([^']+)'", run.stdout) == [f"train@{name}"]
+    assert "not trained again" not in run.stdout  # trained, not found finished
+    assert list((repo / "runs" / "train").glob(f"{name}.moved-*"))  # the old folder, kept
+    assert committed() == before
+    again = json.loads((repo / "results" / f"{name}.json").read_text())
+    assert again["val_top1"] == result["val_top1"]  # the same config trains the same run
+    assert again["wall_seconds"] != result["wall_seconds"]  # and it did train
+
+
+def test_a_wrong_run_name_is_one_line():
+    run = subprocess.run(
+        [sys.executable, "-m", "pipeline.retrain", "no-such-run"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.count("\n") == 1 and "no run named 'no-such-run'" in run.stderr
