@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from abtrain.abtraining import ABTraining
 
 from abtrain import checkpoint
-from abtrain.config import Config, diff_keys
+from abtrain.config import Config, diff_keys, training_diff
 from abtrain.files import atomic_write_text
 from abtrain.runstate import RunState
 
@@ -87,10 +87,17 @@ class Checkpointer:
         ledger), `model`, `opt` and the RNGs; returns its step and run state, or None for a
         new run (whose config is recorded)."""
         saved = self.out / "config.json"
-        if saved.exists():
-            self._refuse_other_config(json.loads(saved.read_text()), self.out)
+        was = json.loads(saved.read_text()) if saved.exists() else None
+        if was is not None:
+            self._refuse_other_config(was, self.out)
         found = self._newest_readable()
-        if self.rank == 0 and not saved.exists():
+        if self.rank == 0 and was != self.cfg.dump():  # new, or other settings of NOT_TRAINING
+            if was is not None:
+                print(
+                    f"[abtrain] resuming with other {', '.join(diff_keys(was, self.cfg.dump()))}"
+                    " (they change nothing trained)",
+                    flush=True,
+                )
             atomic_write_text(saved, json.dumps(self.cfg.dump(), indent=2))
         if found is None:
             return None
@@ -105,8 +112,9 @@ class Checkpointer:
         return step, RunState.from_dict(own["run"])
 
     def _refuse_other_config(self, saved: dict[str, Any], where: Path) -> None:
-        """A run folder belongs to one config: resuming under another would mix two runs."""
-        differ = diff_keys(saved, self.cfg.dump())
+        """A run folder belongs to one config: resuming under another would mix two runs
+        (settings that change nothing trained, config.NOT_TRAINING, may differ)."""
+        differ = training_diff(saved, self.cfg.dump())
         if differ:
             raise RuntimeError(
                 f"{where} holds a run with another config ({', '.join(differ)} differ); "

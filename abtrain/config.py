@@ -415,6 +415,20 @@ def load(path: str | Path, overrides: list[str] = (), section: str = "train") ->
         raise ConfigError(f"{path}: {err}") from None
 
 
+# Settings that change no number a run trains: where it reports (MLflow), how long a peer
+# may take, how many checkpoints stay on disk. A run may resume with other values of them.
+NOT_TRAINING = ("tracking", "dist.timeout_s", "keep_checkpoints")
+
+
+def training_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The dotted keys whose values differ and change what is trained."""
+    return [
+        k
+        for k in diff_keys(old, new)
+        if not any(k == x or k.startswith(x + ".") for x in NOT_TRAINING)
+    ]
+
+
 def diff_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two nested dicts."""
     out = []

@@ -20,10 +20,12 @@ import argparse
 import ctypes
 import ctypes.util
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import typing
@@ -90,14 +92,19 @@ def run_local(
     nproc_per_node: int,
     args: Sequence[str],
     env: dict[str, str] | None = None,
-    grace: float = 60.0,
+    grace: float = 5.0,
     max_restarts: int = 0,
 ) -> int:
     """Run `python -m abtrain ARGS` on nnodes × nproc_per_node ranks; returns the exit code.
 
-    When one node fails, the others get `grace` seconds to notice and stop by themselves
-    (each rank then reports what it saw), and are stopped after that. A `train` that would
-    be refused (`refusal`) starts nothing: its one line, and 2.
+    A `train` that would be refused (`refusal`) starts nothing: its one line, and 2. Each
+    node's stderr (torchrun's report, the ranks' tracebacks and warnings) goes to a log,
+    OUT/logs/node-N.log for a `train` (else a temporary folder), and only abtrain's own
+    lines to the screen. When one node fails, the others get `grace` seconds to stop by
+    themselves; one still running then did not answer (hung, or stopped) and is killed. A
+    failed run ends with one line: the cause its first failing rank gave, the node that
+    did not answer, and where the logs are; its exit code is that rank's (3: the tracking
+    store was lost), not torchrun's 1.
     """
     why = refusal(args)
     if why is not None:
@@ -113,14 +120,18 @@ def run_local(
     env.setdefault(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (nnodes * nproc_per_node)))
     )
+    logs = _log_folder(args)
     procs: list[subprocess.Popen] = []
     relays: list[threading.Thread] = []
+    said: list[str] = []  # abtrain's error lines, in the order the ranks printed them
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
-    code, deadline = 0, None
+    code, deadline, failed, hung = 0, None, None, []
     try:
         port = free_port()
-        for cmd in torchrun_commands(nnodes, nproc_per_node, args, port, max_restarts):
+        for node, cmd in enumerate(
+            torchrun_commands(nnodes, nproc_per_node, args, port, max_restarts)
+        ):
             procs.append(
                 subprocess.Popen(
                     cmd,
@@ -130,24 +141,21 @@ def run_local(
                     preexec_fn=lambda: die_with_parent(signal.SIGTERM),
                 )
             )
-            relays.append(threading.Thread(target=_relay, args=(procs[-1], stopping)))
+            log = logs / f"node-{node}.log"
+            relays.append(threading.Thread(target=_relay, args=(procs[-1], stopping, log, said)))
             relays[-1].start()
         while any(p.poll() is None for p in procs):
             if deadline is not None and time.monotonic() > deadline:
+                hung = [node for node, p in enumerate(procs) if p.poll() is None]
                 break
             for node, p in enumerate(procs):
                 if p.poll() and not code:
-                    code, deadline = p.returncode, time.monotonic() + grace
+                    code, deadline, failed = p.returncode, time.monotonic() + grace, node
                     if code < 0:  # torchrun itself killed: no rank is left to report
-                        name = signal.Signals(-code).name
-                        code, deadline = 128 - code, time.monotonic()
-                        why = f"node {node}'s torchrun was killed by {name}"
-                    else:
-                        why = (
-                            f"node {node} failed with exit code {code}; its torchrun "
-                            "report names the rank"
+                        said.insert(
+                            0, f"node {node}'s torchrun was killed by {signal.Signals(-code).name}"
                         )
-                    print(f"[abtrain.launch] {why}", file=sys.stderr, flush=True)
+                        code, deadline = 128 - code, time.monotonic()
             time.sleep(0.2)
         code = code or next((p.returncode for p in procs if p.returncode), 0)
     except Stopped as stop:
@@ -157,14 +165,58 @@ def run_local(
     finally:
         for sig in STOP_SIGNALS:  # a second signal must not cut the stopping short
             signal.signal(sig, signal.SIG_IGN)
-        _stop(procs)
+        _stop(procs, hung)
         for relay in relays:
             relay.join(timeout=10)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if stopping.is_set():
         print(f"[abtrain.launch] every node stopped; {_last_checkpoint(args)}", file=sys.stderr)
+    elif code:
+        if code == 1 and failed is not None:  # torchrun's own: the rank's code is in its report
+            code = _rank_exit_code(logs / f"node-{failed}.log") or code
+        print(
+            f"[abtrain.launch] error: {_failure_line(said, failed, code, hung, grace, logs)}",
+            file=sys.stderr,
+            flush=True,
+        )
     return code
+
+
+def _log_folder(args: Sequence[str]) -> Path:
+    """Where the nodes' logs go: the run folder's logs/ for a `train`, else a new temporary
+    folder."""
+    out = _run_folder(args)
+    if out is None or not args or args[0] != "train":
+        return Path(tempfile.mkdtemp(prefix="abtrain-launch-"))
+    (Path(out) / "logs").mkdir(parents=True, exist_ok=True)
+    return Path(out) / "logs"
+
+
+def _failure_line(
+    said: list[str], failed: int | None, code: int, hung: list[int], grace: float, logs: Path
+) -> str:
+    """The run's failure in one line: what the first failing rank said (else the node's exit
+    code), which nodes did not answer, and the logs holding torchrun's report."""
+    cause = said[0] if said else f"node {failed} failed with exit code {code}"
+    parts = [cause]
+    if hung:
+        nodes = ", ".join(str(n) for n in hung)
+        parts.append(
+            f"node{'s' * (len(hung) > 1)} {nodes} did not answer within {grace:g} s of it and "
+            f"{'were' if len(hung) > 1 else 'was'} killed"
+        )
+    parts.append(f"torchrun's report and the tracebacks: {logs}/node-*.log")
+    return "; ".join(parts)
+
+
+def _rank_exit_code(log: Path) -> int | None:
+    """The exit code of the first failed rank in a node's torchrun report (its log)."""
+    try:
+        found = re.search(r"exitcode\s*:\s*(-?\d+)", log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return int(found.group(1)) if found and int(found.group(1)) > 0 else None
 
 
 def refusal(args: Sequence[str]) -> str | None:
@@ -185,28 +237,48 @@ def refusal(args: Sequence[str]) -> str | None:
     try:
         ns = build_parser(Refusing).parse_args(list(args))
         if ns.command == "train":
-            refuse_unfactorisable(load(ns.config, ns.overrides))
+            cfg = load(ns.config, ns.overrides)
+            refuse_unfactorisable(cfg)
+            if cfg.data.name != "synthetic":  # else every rank fails on it after starting
+                from abtrain.tasks import unprepared
+
+                if (why := unprepared(cfg.data)) is not None:
+                    raise ConfigError(f"data.prepared: {why}")
     except ConfigError as err:
         return one_line(err)
     return None
 
 
-def _relay(proc: subprocess.Popen, stopping: threading.Event) -> None:
-    """Pass a node's stderr (its torchrun's and its ranks') on to ours. Once the launcher
-    is stopping the run, only abtrain's own lines: torchrun answers the signal with a
-    SignalException traceback per node, which would bury the line that says what stopped."""
-    for line in iter(proc.stderr.readline, b""):
-        if not stopping.is_set() or line.startswith(b"[abtrain"):
-            sys.stderr.buffer.write(line)
-            sys.stderr.flush()
+def _relay(proc: subprocess.Popen, stopping: threading.Event, log: Path, said: list[str]) -> None:
+    """A node's stderr (its torchrun's and its ranks') into its log; abtrain's own lines on
+    to ours as well (unless the launcher is stopping the run: then torchrun answers the
+    signal with a traceback per node, and abtrain's lines would repeat it). The ranks' error
+    lines are kept in `said`, the cause the last line names."""
+    with open(log, "ab") as f:
+        for line in iter(proc.stderr.readline, b""):
+            f.write(line)
+            f.flush()
+            text = line.decode(errors="replace").rstrip()
+            ours = text.startswith(("[abtrain", "error: "))
+            if ours and not stopping.is_set():
+                sys.stderr.write(text + "\n")
+                sys.stderr.flush()
+            if ours and (" failed: " in text or "error: " in text):
+                said.append(re.sub(r"^\[abtrain\] (error: )?|^error: ", "", text))
     proc.stderr.close()
+
+
+def _run_folder(args: Sequence[str]) -> str | None:
+    """The run folder an `abtrain` command line names (`--out DIR` or `--out=DIR`)."""
+    out = next((a.split("=", 1)[1] for a in args if a.startswith("--out=")), None)
+    if "--out" in args and args.index("--out") + 1 < len(args):
+        out = args[args.index("--out") + 1]
+    return out
 
 
 def _last_checkpoint(args: Sequence[str]) -> str:
     """Where a stopped run resumes from, read from its run folder (`--out`)."""
-    out = next((a.split("=", 1)[1] for a in args if a.startswith("--out=")), None)
-    if "--out" in args and args.index("--out") + 1 < len(args):
-        out = args[args.index("--out") + 1]
+    out = _run_folder(args)
     if out is None:
         return "the run folder holds its last checkpoint"
     latest = Path(out) / "checkpoints" / "LATEST"
@@ -229,13 +301,20 @@ def _raise_stopped(signum: int, _frame: object) -> None:
     raise Stopped(signum)
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
+def _stop(procs: list[subprocess.Popen], hung: Sequence[int] = ()) -> None:
+    """Every node still running: SIGTERM (and SIGCONT, which a stopped node needs to act on
+    it), then SIGKILL after 10 s; a node that did not answer (`hung`) SIGKILL at once (its
+    ranks follow their torchrun: `die_with_parent`)."""
+    for node, p in enumerate(procs):
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
+            for sig in (signal.SIGKILL,) if node in hung else (signal.SIGTERM, signal.SIGCONT):
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
     for p in procs:
         try:
-            p.wait(timeout=30)
+            p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()

@@ -72,20 +72,30 @@ def _read_index(path: Path) -> dict[str, Any]:
     )
 
 
+def unprepared(d: Any) -> str | None:
+    """Why the data config's prepared folder can't be trained from (None: it can); the
+    launcher asks before any rank starts."""
+    meta = Path(d.prepared) / "meta.json"
+    if not meta.exists():
+        return f"{d.prepared} is not prepared: run `python -m abtrain prepare --config ...` first"
+    try:
+        config = json.loads(meta.read_text()).get("config")
+    except (OSError, ValueError) as err:
+        return f"{meta} is unreadable ({err}): prepare again"
+    if config != fingerprint(d):
+        return f"{d.prepared} was prepared from another data config: prepare again"
+    return None
+
+
 class ImageTask:
     """Training and validation batches from a prepared folder."""
 
     def __init__(self, cfg: Config) -> None:
         d = cfg.data
         self.root = Path(d.prepared)
-        meta_path = self.root / "meta.json"
-        if not meta_path.exists():
-            raise DataError(
-                f"{self.root} is not prepared: run `python -m abtrain prepare --config ...` first"
-            )
-        self.meta = json.loads(meta_path.read_text())
-        if self.meta.get("config") != fingerprint(d):
-            raise DataError(f"{self.root} was prepared from another data config: prepare again")
+        if (why := unprepared(d)) is not None:
+            raise DataError(why)
+        self.meta = json.loads((self.root / "meta.json").read_text())
         self.classes, self.features = len(self.meta["classes"]), 0
         self.size, self.augment, self.workers = d.image_size, d.augment, d.workers
         self.mean = torch.tensor(self.meta["mean"]).view(1, 3, 1, 1)

@@ -283,7 +283,7 @@ class Tracker:
             msg = f"tracking store {uri} can't be reached: {type(err).__name__}: {err}"
             if cfg.tracking.required:
                 raise TrackingError(
-                    msg + " (set tracking.required: false to train without it)"
+                    msg + " (or --set tracking.required=false to train without it)"
                 ) from None
             print(f"[abtrain] warning: {msg}; training on without tracking", file=sys.stderr)
             return

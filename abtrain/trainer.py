@@ -38,7 +38,8 @@ from abtrain.tasks import make_task
 LOST = (
     "{}, but the tracking store is gone and tracking.required is true: start the run "
     "again once the store is back (it resumes from there and sends what the store missed), "
-    "or set tracking.required: false to train without it"
+    "or start it again now with --set tracking.required=false and the same --out to train on "
+    "without it (it resumes too)"
 )
 
 

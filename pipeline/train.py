@@ -154,7 +154,7 @@ def stage_line(matrix: dict[str, Run], name: str, steps: str) -> str:
 
 def finished_summary(p: dict, run: Run, best: dict | None) -> dict | None:
     """The summary of `run`'s folder if it holds a finished run of the run's config as it is
-    now (tracking settings aside: they change no result), else None."""
+    now (settings that change nothing trained aside, abtrain.config.NOT_TRAINING), else None."""
     folder = RUNS / "train" / run.name
     try:
         saved = json.loads((folder / "config.json").read_text())
@@ -162,9 +162,7 @@ def finished_summary(p: dict, run: Run, best: dict | None) -> dict | None:
         now = abconfig.from_dict(p["train"], [o.text for o in resolve(p, run, best)]).dump()
     except (OSError, ValueError):  # missing or unreadable files; a config that fails later
         return None
-    saved.pop("tracking", None)
-    now.pop("tracking", None)
-    return summary if saved == now else None
+    return None if abconfig.training_diff(saved, now) else summary
 
 
 def runs_left(p: dict, matrix: dict[str, Run], name: str, best: dict | None) -> str:
@@ -231,8 +229,8 @@ def train_one(p: dict, run: Run, sets: list[str], out: Path) -> int:
     """Train (or resume, or find finished) one run folder; the launcher's exit code."""
     saved = out / "config.json"
     cfg = abconfig.load(PARAMS, sets)
-    if saved.exists() and json.loads(saved.read_text()) != cfg.dump():
-        shutil.rmtree(out)
+    if saved.exists() and abconfig.training_diff(json.loads(saved.read_text()), cfg.dump()):
+        shutil.rmtree(out)  # another run's (settings that change nothing trained may differ)
     elif saved.exists() and (out / "summary.json").exists():
         print(f"[pipeline] {out} holds this run finished; not trained again", flush=True)
         return 0

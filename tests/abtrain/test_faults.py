@@ -320,3 +320,63 @@ def test_the_launcher_refuses_a_bad_value_in_one_line_before_any_torchrun(tmp_pa
     key = bad[-1].lstrip("-").split("=")[0]
     assert key in lines[0], lines
     assert not out.exists()
+
+
+def node_processes(out: Path, node: int) -> list[int]:
+    """The processes of one node of the run: its torchrun and its ranks."""
+    found = []
+    for pid in processes_of(out):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"--node-rank={node}".encode() in cmd or f"GROUP_RANK={node}".encode() in environ:
+            found.append(pid)
+    return found
+
+
+def test_a_node_that_stops_answering_ends_the_run_within_the_timeout_naming_it(tmp_path):
+    """Node 1 frozen (SIGSTOP: a hung machine): node 0's ranks give up at the collective
+    timeout; the launcher then kills node 1 at once and its last line names it."""
+    timeout = 10
+    first = start(
+        tmp_path, *DDP, "steps=100000", "checkpoint_every=10", f"dist.timeout_s={timeout}"
+    )
+    try:
+        wait_for(tmp_path / "checkpoints" / "LATEST", first)
+        frozen = node_processes(tmp_path, 1)
+        assert len(frozen) == 2  # its torchrun and its rank
+        t0 = time.monotonic()
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        _, err = first.communicate(timeout=180)
+        took = time.monotonic() - t0
+        text = err.decode()
+        last = text.strip().splitlines()[-1]
+        assert first.returncode not in (0, None)
+        assert last.startswith("[abtrain.launch] error: rank "), last
+        assert "node 1 did not answer" in last and f"{tmp_path}/logs/node-*.log" in last
+        assert "Traceback" not in text  # the tracebacks are in the logs
+        assert "Traceback" in (tmp_path / "logs" / "node-0.log").read_text()
+        assert took < timeout + 15, took  # the timeout, the grace, and the kill
+        assert gone(tmp_path, 30) == [], "processes of the run alive after the end"
+    finally:
+        for pid in processes_of(tmp_path):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_failure_inside_the_ranks_ends_in_one_line_and_its_traceback_in_a_log(tmp_path):
+    """A model that only the ranks find they can't build: one line at the end naming the
+    rank and the cause; torchrun's ChildFailedError and the tracebacks only in the logs."""
+    broken = "model={name: python, factory: 'not_here:f', kwargs: {}, init: default}"
+    done = start(tmp_path, broken)
+    _, err = done.communicate(timeout=180)
+    text = err.decode()
+    last = text.strip().splitlines()[-1]
+    assert done.returncode == 1
+    assert last.startswith("[abtrain.launch] error: rank ") and "not_here" in last, last
+    assert "Traceback" not in text and "ChildFailedError" not in text
+    logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("node-*.log"))
+    assert "Traceback" in logs and "ChildFailedError" in logs

@@ -107,7 +107,7 @@ def test_a_run_that_requires_its_server_stops_at_a_checkpoint_and_resumes_when_i
         rc, out, err = train(tmp_path / "run", uri, True, server)
     finally:
         kill(server)
-    assert rc != 0
+    assert rc == 3  # as the README says: the store was lost, the run stopped whole
     assert "tracking.required is true" in err, err[-6000:]
     assert "stopped at the checkpoint of step" in err
     assert not (tmp_path / "run" / "summary.json").exists()
@@ -131,3 +131,22 @@ def test_a_run_that_requires_its_server_stops_at_a_checkpoint_and_resumes_when_i
         assert logged == {e["step"] for e in s["evals"]}  # none missing, the kept ones too
     finally:
         kill(server)
+
+
+def test_the_advice_a_lost_server_gives_works_when_followed(tmp_path):
+    """The run stops for its lost server and says to resume with `tracking.required=false`;
+    resumed so, in the same folder, with the server still gone, it trains to the end."""
+    port = free_port()
+    server = start_server(tmp_path, port)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        rc, _, err = train(tmp_path / "run", uri, True, server)
+    finally:
+        kill(server)
+    assert rc == 3 and "tracking.required=false" in err, err[-3000:]
+    stopped_at = int((tmp_path / "run" / "checkpoints" / "LATEST").read_text())
+    rc, out, err = train(tmp_path / "run", uri, False, None)  # the advice, server still gone
+    assert rc == 0, err[-3000:]
+    assert f"resumed from step {stopped_at}" in out
+    assert "resuming with other tracking.required" in out
+    assert summary(tmp_path / "run")["steps"] == STEPS
