@@ -244,9 +244,31 @@ def refusal(args: Sequence[str]) -> str | None:
 
                 if (why := unprepared(cfg.data)) is not None:
                     raise ConfigError(f"data.prepared: {why}")
+            if cfg.tracking.enabled:
+                from abtrain.tracking import damaged_store, default_uri
+
+                if (why := damaged_store(cfg.tracking.uri or default_uri())) is not None:
+                    raise ConfigError(f"tracking.uri: {why}")
+            writable(Path(ns.out))
     except ConfigError as err:
         return one_line(err)
     return None
+
+
+def writable(out: Path) -> None:
+    """The run folder can be written (a read-only mount, a folder of another user's), tried
+    by writing there; else a ConfigError naming it."""
+    from abtrain.config import ConfigError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".abtrain-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(
+            f"--out {out}: the run can't write there ({err.strerror or err}); choose another folder"
+        ) from None
 
 
 def _relay(proc: subprocess.Popen, stopping: threading.Event, log: Path, said: list[str]) -> None:

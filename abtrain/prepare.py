@@ -168,10 +168,10 @@ def _prepared_folder(d: ImageData) -> Path:
 def prepare(d: ImageData) -> dict[str, Any]:
     """Verify the source and write `d.prepared`; skipped when it is already up to date."""
     out = _prepared_folder(d)
+    _clear_leftovers(out)  # on every path: an up-to-date folder may have a killed run's too
     meta = _prepared_meta(out)
     if meta is not None and meta.get("config") == fingerprint(d):
         return meta
-    _clear_leftovers(out)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -65,6 +65,30 @@ def default_uri() -> str:
     return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
+def damaged_store(uri: str) -> str | None:
+    """Why a SQLite tracking store can't be used (a file cut short, bytes flipped on disk:
+    SQLite's own integrity check), or None: not SQLite, not there yet, or whole. MLflow would
+    call a damaged file unreachable, or read and write it without a word."""
+    import sqlite3
+
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = Path(uri[len("sqlite:///") :])
+    if not path.exists():
+        return None
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            found = [row[0] for row in db.execute("PRAGMA integrity_check")]
+    except sqlite3.DatabaseError as err:
+        found = [str(err)]
+    if found == ["ok"]:
+        return None
+    return (
+        f"tracking store {path} is damaged ({found[0]}): move it aside (mv {path} "
+        f"{path}.damaged) to start a new one, or --set tracking.enabled=false"
+    )
+
+
 def artifact_location(uri: str) -> str | None:
     """`mlartifacts/` beside a SQLite file; None (the store's own choice) for any other URI.
 
@@ -271,6 +295,8 @@ class Tracker:
         if not active:
             return
         uri = cfg.tracking.uri or default_uri()
+        if (why := damaged_store(uri)) is not None:  # whatever tracking.required says
+            raise TrackingError(why)
         # fail fast on a server that isn't there, instead of minutes of retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")

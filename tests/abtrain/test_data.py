@@ -836,3 +836,23 @@ def test_a_missing_or_malformed_real_labels_file_is_named(tmp_path, content, say
 def test_real_labels_are_for_imagenet_only():
     with pytest.raises(ValueError, match="data.real_labels is for ImageNet"):
         image_cfg(source="tree", real_labels="real.json")
+
+
+def test_a_killed_prepare_after_an_up_to_date_one_leaves_nothing(tmp_path):
+    """A prepare killed mid-way beside a folder already prepared with the same config (a
+    second user, a rerun): the next prepare finds the folder up to date and still removes
+    the killed one's temporary folder."""
+    write_tree(tmp_path / "tree")
+    cfg = image_cfg(source=str(tmp_path / "tree"), prepared=str(tmp_path / "p"))
+    prepare.prepare(cfg)
+    code = (
+        "import os\n"
+        "from abtrain import prepare\n"
+        "prepare._prepared_meta = lambda out: None\n"  # as if it were not up to date
+        "prepare._decode_all = lambda *a, **k: os.kill(os.getpid(), 9)\n"
+        f"prepare.prepare(prepare.ImageData.model_validate({cfg.model_dump()!r}))\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == -9
+    assert len(list(tmp_path.glob(".p.tmp*"))) == 1
+    assert prepare.prepare(cfg)["config"] == prepare.fingerprint(cfg)  # up to date
+    assert list(tmp_path.glob(".p.*")) == []

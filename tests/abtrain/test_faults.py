@@ -4,6 +4,7 @@ into one folder. Every case runs the real launcher and torchrun."""
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -380,3 +381,68 @@ def test_a_failure_inside_the_ranks_ends_in_one_line_and_its_traceback_in_a_log(
     assert "Traceback" not in text and "ChildFailedError" not in text
     logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("node-*.log"))
     assert "Traceback" in logs and "ChildFailedError" in logs
+
+
+def refused(out: Path, *overrides: str) -> tuple[int, list[str]]:
+    """The launcher on a run that must not start: its exit code and stderr lines."""
+    cmd = [sys.executable, "-m", "abtrain.launch", "--nnodes=2", "--nproc-per-node=1", "train"]
+    cmd += ["--config", str(PARAMS), "--out", str(out)]
+    for o in [*TINY, *overrides]:
+        cmd += ["--set", o]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stderr.splitlines()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("mount") is None, reason="a bind mount needs root"
+)
+def test_a_read_only_run_folder_is_refused_in_one_line_naming_it(tmp_path):
+    """A read-only bind mount (a dataset volume, a full quota's remount): the folder itself
+    and a new folder in it are refused before any torchrun, naming the path."""
+    src, ro = tmp_path / "src", tmp_path / "ro"
+    src.mkdir()
+    ro.mkdir()
+    subprocess.run(["mount", "--bind", str(src), str(ro)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], check=True)
+        for out in (ro, ro / "run"):
+            code, lines = refused(out)
+            assert code == 2 and len(lines) == 1, lines
+            assert f"--out {out}: the run can't write there (Read-only file system)" in lines[0]
+        assert list(src.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def mlflow_store(path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=f"sqlite:///{path}").create_experiment("abtrain")
+
+
+@pytest.mark.parametrize("damage", ["cut in half", "bytes flipped"])
+def test_a_damaged_tracking_store_is_refused_in_one_line_naming_it(tmp_path, damage):
+    """An mlflow.db cut short (a copy interrupted) or with a page's bytes flipped on disk:
+    named as damaged (not as unreachable, nor used without a word) before any torchrun,
+    with the command that sets it aside; no run folder left behind."""
+    import sqlite3
+
+    db = tmp_path / "mlflow.db"
+    mlflow_store(db)
+    data = bytearray(db.read_bytes())
+    if damage == "cut in half":
+        data = data[: len(data) // 2]
+    else:  # the header of the page holding the experiments table, in the file's middle
+        with sqlite3.connect(db) as c:
+            size = c.execute("PRAGMA page_size").fetchone()[0]
+            root = c.execute("SELECT rootpage FROM sqlite_master WHERE name='experiments'")
+            at = (root.fetchone()[0] - 1) * size
+        assert 0 < at < len(data) - size
+        data[at : at + 16] = bytes(b ^ 0xFF for b in data[at : at + 16])
+    db.write_bytes(bytes(data))
+    out = tmp_path / "run"
+    code, lines = refused(out, "tracking.enabled=true", f"tracking.uri=sqlite:///{db}")
+    assert code == 2 and len(lines) == 1, lines
+    assert f"tracking store {db} is damaged" in lines[0] and f"mv {db} {db}.damaged" in lines[0]
+    assert "can't be reached" not in lines[0]
+    assert not out.exists()
