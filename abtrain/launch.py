@@ -21,6 +21,7 @@ import ctypes
 import ctypes.util
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -172,6 +173,8 @@ def run_local(
             signal.signal(sig, handler)
     if stopping.is_set():
         print(f"[abtrain.launch] every node stopped; {_last_checkpoint(args)}", file=sys.stderr)
+    elif not code and logs.name.startswith("abtrain-launch-"):  # a temporary one, not needed
+        shutil.rmtree(logs, ignore_errors=True)
     elif code:
         if code == 1 and failed is not None:  # torchrun's own: the rank's code is in its report
             code = _rank_exit_code(logs / f"node-{failed}.log") or code
@@ -271,6 +274,17 @@ def writable(out: Path) -> None:
         ) from None
 
 
+def _cause(line: str) -> str | None:
+    """A rank's own account of its failure (abtrain/__main__.py prints it before it raises,
+    or its one-line error), or None for any other line."""
+    for prefix in ("[abtrain] error: ", "error: "):
+        if line.startswith(prefix):
+            return line[len(prefix) :]
+    if re.match(r"\[abtrain\] rank \d+ \(node \d+\) failed: ", line):
+        return line[len("[abtrain] ") :]
+    return None
+
+
 def _relay(proc: subprocess.Popen, stopping: threading.Event, log: Path, said: list[str]) -> None:
     """A node's stderr (its torchrun's and its ranks') into its log; abtrain's own lines on
     to ours as well (unless the launcher is stopping the run: then torchrun answers the
@@ -285,8 +299,8 @@ def _relay(proc: subprocess.Popen, stopping: threading.Event, log: Path, said: l
             if ours and not stopping.is_set():
                 sys.stderr.write(text + "\n")
                 sys.stderr.flush()
-            if ours and (" failed: " in text or "error: " in text):
-                said.append(re.sub(r"^\[abtrain\] (error: )?|^error: ", "", text))
+            if (cause := _cause(text)) is not None:
+                said.append(cause)
     proc.stderr.close()
 
 
