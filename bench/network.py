@@ -50,19 +50,12 @@ def matrix_sets(
     from pipeline import common
     from pipeline.train import best_config
 
-    best, world, each = best_config(params), nodes * ranks, {}
+    best, each = best_config(params), {}
     for method in methods:
-        found = [
-            r
-            for r in common.runs(params).values()
-            if r.method == method and r.world == world and r.batch == "local" and not r.steps
-        ]
-        if not found:
-            raise SystemExit(
-                f"bench.network: experiments.runs has no local-batch run of {method} on "
-                f"{world} ranks to take its values from; add one, or pass --no-matrix"
-            )
-        run = min(found, key=lambda r: (r.nodes, r.ranks_per_node) != (nodes, ranks))
+        try:
+            run = common.run_of(params, method, nodes, ranks)
+        except abconfig.ConfigError as err:
+            raise SystemExit(f"bench.network: {err}; add one, or pass --no-matrix") from None
         sets = common.run_overrides(params, run, best)
         each[method] = last_of_each_key([s for s in sets if not s.startswith("method=")])
     shared = [s for s in next(iter(each.values())) if all(s in v for v in each.values())]

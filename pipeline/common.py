@@ -75,6 +75,22 @@ def runs(p: dict[str, Any]) -> dict[str, Run]:
     return out
 
 
+def run_of(p: dict[str, Any], method: str, nodes: int, ranks_per_node: int) -> Run:
+    """The matrix's local-batch run of `method` on nodes x ranks_per_node (or, lacking one,
+    on as many ranks): the run a benchmark or study of that method trains as."""
+    world = nodes * ranks_per_node
+    found = [
+        r
+        for r in runs(p).values()
+        if r.method == method and r.world == world and r.batch == "local" and not r.steps
+    ]
+    if not found:
+        raise abconfig.ConfigError(
+            f"experiments.runs has no local-batch run of {method} on {world} ranks"
+        )
+    return min(found, key=lambda r: (r.nodes, r.ranks_per_node) != (nodes, ranks_per_node))
+
+
 # The values every run derives from the matrix: experiments.set can't name them.
 DERIVED = {
     "method": "experiments.runs.NAME.method",

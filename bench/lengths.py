@@ -1,0 +1,490 @@
+"""Is it the method or the short training? The default profile's ddp, ab and powersgd (and
+ab_powersgd) at several training lengths, several seeds each: AB's gap to DDP, its
+compression and its traffic over length.
+
+    python -m bench.lengths --dry-run       # the runs and their estimated time; trains nothing
+    python -m bench.lengths                 # train (a killed study continues), then report
+    python -m bench.lengths --report-only   # rebuild reports/lengths from runs/lengths
+
+Each run is the matrix's run of its method on 2 nodes x 2 ranks (`experiments.runs`, made
+into overrides by pipeline.common with `experiments.epochs` set to the length: its steps,
+the schedule's fractions of them, the search's best values, the run's own `set`), at
+`seed=S`, evaluated EVALUATIONS times, tracking off; launched as the pipeline launches it.
+A run folder holding a summary.json is read, not trained again; one without is resumed
+from its last checkpoint (the launcher's own resume). Seeds go seed by seed within a
+length, shortest length first, so a study cut short has whole ddp/method pairs.
+
+Writes reports/lengths/lengths.json (every run's figures and the summary), README.md and
+lengths.png; the report's verdict takes its sentence (`verdict`) from lengths.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from abtrain.files import atomic_write_text
+
+LENGTHS = (2, 8, 32)  # epochs of the profile's training set
+SEEDS = (3, 3, 2)  # per length: seeds train.seed, +1, ...
+METHODS = ("ddp", "ab", "powersgd", "ab_powersgd")  # ddp first: the baseline
+SHAPE = (2, 2)  # nodes x ranks per node, the matrix's main scale
+EVALUATIONS = 8  # per run: enough points for the time to a target
+RUNS_DIR = Path("runs/lengths")
+OUT = Path("reports/lengths")
+LAUNCH_SECONDS = 15.0  # start-up and rendezvous a run adds to its training (estimates)
+RATES = ("50mbit", "200mbit", "1gbit", None)  # bench.network's links, for the time to target
+
+
+# ---------------------------------------------------------------- the plan
+def plan(
+    p: dict[str, Any],
+    best: dict[str, Any] | None,
+    lengths: tuple[int, ...],
+    seeds: tuple[int, ...],
+    methods: tuple[str, ...],
+    runs_dir: Path,
+) -> list[dict[str, Any]]:
+    """Every run of the study, in the order it trains: {epochs, seed, method, name, out,
+    sets, run}."""
+    from pipeline.common import run_of, run_overrides
+
+    out = []
+    for epochs, count in zip(lengths, seeds):
+        q = copy.deepcopy(p)
+        q["experiments"].update(epochs=epochs, evaluations=EVALUATIONS)
+        for seed in range(p["train"]["seed"], p["train"]["seed"] + count):
+            for method in methods:
+                run = run_of(p, method, *SHAPE)
+                sets = run_overrides(q, run, best) + [f"seed={seed}", "tracking.enabled=false"]
+                folder = runs_dir / f"e{epochs}" / f"{run.name}-s{seed}"
+                out.append(
+                    dict(epochs=epochs, seed=seed, method=method, name=run.name, out=folder)
+                    | dict(sets=sets, run=run)
+                )
+    return out
+
+
+def estimate(p: dict[str, Any], runs: list[dict[str, Any]], results: Path) -> list[float]:
+    """Each run's seconds, before it runs: its matrix run's committed training time
+    (results/NAME.json) scaled by the length, plus start-up."""
+    base = p["experiments"]["epochs"]
+    out = []
+    for r in runs:
+        wall = json.loads((results / f"{r['name']}.json").read_text())["wall_seconds"]
+        out.append(LAUNCH_SECONDS + wall * r["epochs"] / base)
+    return out
+
+
+def duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def progress(k: int, n: int, r: dict[str, Any], elapsed: float, predicted: list[float]) -> str:
+    """`run 3 of 30: ab-2x2 at 8 epochs, seed 1; elapsed 4m10s, ETA 1h05m`: the runs left
+    as predicted, scaled by how the finished ones compared with their prediction."""
+    done = sum(predicted[: k - 1])
+    scale = elapsed / done if done and elapsed else 1.0
+    eta = duration(sum(predicted[k - 1 :]) * scale)
+    return (
+        f"[bench.lengths] run {k} of {n}: {r['name']} at {r['epochs']} epochs, seed {r['seed']}; "
+        f"elapsed {duration(elapsed)}, ETA {eta}"
+    )
+
+
+def train(runs: list[dict[str, Any]], predicted: list[float]) -> None:
+    from bench.seeds import command
+
+    t0, trained = time.monotonic(), 0.0
+    for k, r in enumerate(runs, 1):
+        if (r["out"] / "summary.json").exists():
+            print(f"[bench.lengths] run {k} of {len(runs)}: {r['out']} finished, read", flush=True)
+            predicted[k - 1] = 0.0  # no time of this session
+            continue
+        print(progress(k, len(runs), r, trained, predicted), flush=True)
+        r["out"].parent.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        subprocess.run(command(r["run"], r["sets"], r["out"]), check=True)
+        trained += time.monotonic() - start
+    print(f"[bench.lengths] trained for {duration(time.monotonic() - t0)}", flush=True)
+
+
+# ---------------------------------------------------------------- what the runs give
+def step_seconds(out: Path) -> dict[str, float]:
+    """Mean seconds per step by phase, from the run's log (bench.network's measure)."""
+    by: dict[str, list[float]] = {}
+    for row in csv.DictReader((out / "train_log.csv").open()):
+        if row.get("seconds"):
+            by.setdefault(row["phase"], []).append(float(row["seconds"]))
+    return {k: sum(v) / len(v) for k, v in by.items()}
+
+
+def kept_fraction(out: Path) -> list[tuple[int, float]]:
+    """(step, kept rank over full rank, summed over the factorised layers) at each
+    factorisation, from ranks.csv; [] for a run without AB phases."""
+    path = out / "ranks.csv"
+    if not path.exists():
+        return []
+    by: dict[int, list[int]] = {}
+    for row in csv.DictReader(path.open()):
+        kept, full = by.setdefault(int(row["step"]), [0, 0]), int(row["full_rank"])
+        kept[0] += int(row["rank"])
+        kept[1] += full
+    return [(step, k / f) for step, (k, f) in sorted(by.items())]
+
+
+def collect(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per finished run: its figures, curve, step times and compression over steps."""
+    rows = []
+    for r in runs:
+        path = r["out"] / "summary.json"
+        if not path.exists():
+            continue
+        s = json.loads(path.read_text())
+        rows.append(
+            dict(
+                epochs=r["epochs"],
+                seed=r["seed"],
+                method=r["method"],
+                name=r["name"],
+                folder=str(r["out"]),
+                steps=s["steps"],
+                best_top1=s["val_top1"]["best"],
+                final_top1=s["val_top1"]["final"],
+                inter_node_bytes=s["traffic"]["inter_node_bytes"],
+                compression_ratio=s["compression_ratio"],
+                compression_over_steps=[
+                    (f["step"], f["compression_ratio"]) for f in s.get("factorizations", [])
+                ],
+                kept_fraction_over_steps=kept_fraction(r["out"]),
+                wall_seconds=s["wall_seconds"],
+                evals=[
+                    dict(step=e["step"], seconds=e["seconds"], val_top1=e["val_top1"])
+                    for e in s["evals"]
+                ],
+                step_seconds=step_seconds(r["out"]),
+            )
+        )
+    return rows
+
+
+def mean_sd(values: list[float]) -> dict[str, Any]:
+    return dict(
+        n=len(values),
+        mean=statistics.fmean(values),
+        sd=statistics.stdev(values) if len(values) > 1 else None,
+    )
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per length and method: Δ best top-1 against ddp at the same seed (mean ± sd), the
+    inter-node bytes over ddp's, the final compression and kept rank fraction."""
+    out = []
+    for epochs in sorted({r["epochs"] for r in rows}):
+        here = [r for r in rows if r["epochs"] == epochs]
+        ddp = {r["seed"]: r for r in here if r["method"] == "ddp"}
+        methods = {}
+        for method in dict.fromkeys(r["method"] for r in here):
+            mine = [r for r in here if r["method"] == method]
+            paired = [r for r in mine if r["seed"] in ddp]
+            kept = [
+                r["kept_fraction_over_steps"][-1][1] for r in mine if r["kept_fraction_over_steps"]
+            ]
+            methods[method] = dict(
+                seeds=[r["seed"] for r in mine],
+                best_top1=mean_sd([r["best_top1"] for r in mine]),
+                diff_top1=mean_sd([r["best_top1"] - ddp[r["seed"]]["best_top1"] for r in paired])
+                if paired
+                else None,
+                bytes_vs_ddp=statistics.fmean(
+                    r["inter_node_bytes"] / ddp[r["seed"]]["inter_node_bytes"] for r in paired
+                )
+                if paired
+                else None,
+                compression_ratio=statistics.fmean(r["compression_ratio"] for r in mine),
+                kept_fraction=statistics.fmean(kept) if kept else None,
+            )
+        out.append(dict(epochs=epochs, steps=here[0]["steps"], methods=methods))
+    return out
+
+
+def time_to_target(p: dict[str, Any], rows: list[dict[str, Any]], epochs: int) -> dict | None:
+    """At `epochs` (first seed's runs): the target, the lowest best top-1 smoothed as
+    bench.rates smooths it, and each method's predicted seconds to it over each of the
+    benchmark's links (abtrain.plan.ToTarget, the project's one time model; these runs
+    ran over loopback, the unshaped link)."""
+    from abtrain import config as abconfig
+    from abtrain.plan import ToTarget
+    from bench.planner import rate_bytes_per_s
+    from bench.rates import best, reach
+
+    first = min(r["seed"] for r in rows if r["epochs"] == epochs)
+    runs = [r for r in rows if r["epochs"] == epochs and r["seed"] == first]
+    if not runs:
+        return None
+    target = min(best(r["evals"]) for r in runs)
+    found: dict[str, dict[str, float | None]] = {}
+    for r in runs:
+        got = reach(r["evals"], target)
+        sets = json.loads((Path(r["folder"]) / "config.json").read_text())
+        cfg = abconfig.from_dict(sets, [])
+        model = ToTarget(cfg, *SHAPE, classes(cfg), r, got["step"]) if got else None
+        found[r["method"]] = {
+            rate or "unshaped": (model.seconds(rate_bytes_per_s(rate)) if model else None)
+            for rate in RATES
+        }
+    return dict(epochs=epochs, seed=first, target_top1=target, seconds=found)
+
+
+def classes(cfg: Any) -> int:
+    from abtrain.plan import data_classes
+
+    return data_classes(cfg)[0]
+
+
+# ---------------------------------------------------------------- the verdict and the page
+def trend(summary: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """AB's gap at the shortest and the longest length, and whether it narrows, holds or
+    widens: a change larger than the two gaps' sds together is a change."""
+    have = [s for s in summary if s["methods"].get("ab", {}).get("diff_top1")]
+    if len(have) < 2:
+        return None
+    short, long = have[0], have[-1]
+    a, b = short["methods"]["ab"]["diff_top1"], long["methods"]["ab"]["diff_top1"]
+    noise = (a["sd"] or 0.0) + (b["sd"] or 0.0)
+    change = b["mean"] - a["mean"]  # > 0: AB nearer DDP (or further above it)
+    if abs(change) <= noise:
+        word = "holds"
+    elif (change > 0) == (a["mean"] < 0):
+        word = "narrows"
+    else:
+        word = "widens"
+    return dict(short=short, long=long, word=word, change=change, noise=noise)
+
+
+def pm(d: dict[str, Any]) -> str:
+    return f"{d['mean']:+.2f} ± {d['sd']:.2f}" if d["sd"] is not None else f"{d['mean']:+.2f}"
+
+
+def verdict(summary: list[dict[str, Any]]) -> str:
+    """The study in one sentence, every number from its files."""
+    t = trend(summary)
+    if t is None:
+        return "Too few lengths with paired ab and ddp runs for a trend."
+    short, long = t["short"], t["long"]
+    ab = long["methods"]["ab"]
+    compresses = ab["compression_ratio"] > 1.0
+    return (
+        f"From {short['epochs']} to {long['epochs']} epochs AB's gap to DDP {t['word']} "
+        f"({pm(short['methods']['ab']['diff_top1'])} to {pm(ab['diff_top1'])} points of best "
+        f"top-1), and at {long['epochs']} epochs it "
+        + (
+            f"compresses the model {ab['compression_ratio']:.2f}:1"
+            if compresses
+            else f"does not compress ({ab['compression_ratio']:.2f}:1"
+            + (f", {ab['kept_fraction']:.0%} of the rank kept" if ab["kept_fraction"] else "")
+            + ")"
+        )
+        + f" at {ab['bytes_vs_ddp']:.2f} of DDP's inter-node bytes."
+    )
+
+
+def figure(data: dict[str, Any], path: Path) -> None:
+    """Four panels: Δ top-1 against length; compression over training at each length;
+    bytes over DDP's against length; time to target over the links at the longest length."""
+    from pipeline import style
+
+    summary, rows = data["summary"], data["runs"]
+    with style.matplotlib_defaults() as plt:
+        fig, ax = plt.subplots(1, 4, figsize=(17, 3.8))
+        lengths = [s["epochs"] for s in summary]
+        for m in [
+            m for m in style.METHODS if m != "ddp" and any(m in s["methods"] for s in summary)
+        ]:
+            pts = [(s["epochs"], s["methods"][m]) for s in summary if s["methods"].get(m)]
+            pts = [(e, x) for e, x in pts if x["diff_top1"]]
+            look = style.marker(m)
+            look.pop("zorder")
+            ax[0].errorbar(
+                [e for e, _ in pts],
+                [x["diff_top1"]["mean"] for _, x in pts],
+                yerr=[x["diff_top1"]["sd"] or 0 for _, x in pts],
+                label=m, capsize=3, **look,
+            )  # fmt: skip
+            ax[2].plot([e for e, _ in pts], [x["bytes_vs_ddp"] for _, x in pts], label=m, **look)
+        ax[0].axhline(0, color="grey", lw=0.8)
+        for a, title in (
+            (ax[0], "Δ best top-1 vs DDP (points)"),
+            (ax[2], "inter-node bytes / DDP's"),
+        ):
+            a.set_xscale("log", base=2)
+            a.set_xticks(lengths, [str(x) for x in lengths])
+            a.set_xlabel("epochs")
+            a.set_title(title, fontsize=10)
+            a.legend(fontsize=8)
+        first = {
+            r["epochs"]: r for r in rows if r["method"] == "ab" and r["compression_over_steps"]
+        }
+        for epochs, r in sorted(first.items()):
+            steps = [s / r["steps"] for s, _ in r["compression_over_steps"]]
+            ax[1].plot(
+                steps,
+                [c for _, c in r["compression_over_steps"]],
+                marker=".",
+                label=f"{epochs} epochs",
+            )
+        ax[1].axhline(1, color="grey", lw=0.8)
+        ax[1].set_xlabel("fraction of the run")
+        ax[1].set_title("ab: compression ratio at each factorisation", fontsize=10)
+        ax[1].legend(fontsize=8)
+        tt = data.get("time_to_target")
+        if tt:
+            labels = [r or "unshaped" for r in RATES]
+            methods = list(tt["seconds"])
+            width = 0.8 / len(methods)
+            for i, m in enumerate(methods):
+                ys = [tt["seconds"][m][x] or 0 for x in labels]
+                ax[3].bar(
+                    [j + i * width for j in range(len(labels))],
+                    ys,
+                    width,
+                    label=m,
+                    color=style.COLOURS.get(m),
+                )
+            ax[3].set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels)
+            ax[3].set_ylabel("seconds")
+            ax[3].set_title(
+                f"time to {tt['target_top1']:.1f}% at {tt['epochs']} epochs (time model)",
+                fontsize=10,
+            )
+            ax[3].legend(fontsize=8)
+        fig.tight_layout()
+        style.save(fig, path, dpi=110)
+
+
+def markdown(data: dict[str, Any]) -> str:
+    lines = [
+        "# AB against DDP and PowerSGD over training length",
+        "",
+        f"Generated by `{data['command']}` on {data['generated']}. Each run is the default "
+        f"profile's {SHAPE[0]} × {SHAPE[1]} run of its method with `experiments.epochs` set to "
+        f"the length, the search's values and {EVALUATIONS} evaluations; run folders in "
+        f"`{data['runs_dir']}`, every figure in `lengths.json`.",
+        "",
+        f"**{data['verdict']}**",
+        "",
+        "![Δ top-1, compression, bytes and time to target over length](lengths.png)",
+        "",
+        "| epochs | steps | method | seeds | best top-1 (%) | Δ vs DDP (points) | bytes / DDP's | compression | kept rank |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in data["summary"]:
+        for m, x in s["methods"].items():
+            lines.append(
+                f"| {s['epochs']} | {s['steps']} | {m} | {len(x['seeds'])} | "
+                f"{pm(x['best_top1']).lstrip('+')} | "
+                + (pm(x["diff_top1"]) if x["diff_top1"] and m != "ddp" else "—")
+                + f" | {x['bytes_vs_ddp']:.3f} | {x['compression_ratio']:.2f}:1 | "
+                + (f"{x['kept_fraction']:.0%}" if x["kept_fraction"] is not None else "—")
+                + " |"
+            )
+    tt = data.get("time_to_target")
+    if tt:
+        lines += [
+            "",
+            f"Time to {tt['target_top1']:.2f}% top-1 at {tt['epochs']} epochs (seed "
+            f"{tt['seed']}), predicted by the time model (`abtrain.plan.ToTarget`) over the "
+            "network benchmark's links, seconds:",
+            "",
+            "| method | " + " | ".join(r or "unshaped" for r in RATES) + " |",
+            "|---" * (len(RATES) + 1) + "|",
+        ]
+        for m, by in tt["seconds"].items():
+            cells = [f"{by[r or 'unshaped']:.0f}" if by[r or "unshaped"] else "—" for r in RATES]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Δ: best top-1 minus DDP's at the same seed, mean ± sample sd over the seeds. "
+        "Compression: parameters of the full model over the factorised one's at the run's end "
+        "(below 1: the factors hold more than the matrix). Kept rank: the factorised layers' "
+        "kept rank over their full rank at the last factorisation.",
+        "",
+        "Reproduce (resumes where it stopped):",
+        "",
+        "```bash",
+        data["command"],
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def report(p: dict[str, Any], runs: list[dict[str, Any]], out: Path, command: str) -> dict:
+    rows = collect(runs)
+    summary = summarize(rows)
+    longest = max((r["epochs"] for r in rows), default=None)
+    data = dict(
+        generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        command=command,
+        runs_dir=str(RUNS_DIR),
+        shape=list(SHAPE),
+        evaluations=EVALUATIONS,
+        summary=summary,
+        time_to_target=time_to_target(p, rows, longest) if longest else None,
+        runs=rows,
+    )
+    data["verdict"] = verdict(summary)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "lengths.json", json.dumps(data, indent=2) + "\n")
+    figure(data, out / "lengths.png")
+    atomic_write_text(out / "README.md", markdown(data))
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.lengths", description=__doc__.split("\n")[0])
+    ap.add_argument("--epochs", type=int, nargs="+", default=list(LENGTHS))
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="per length")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS))
+    ap.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--dry-run", action="store_true", help="list the runs and their time")
+    ap.add_argument("--report-only", action="store_true", help="read run folders, train none")
+    a = ap.parse_args(argv)
+    if len(a.seeds) != len(a.epochs) or a.methods[0] != "ddp":
+        ap.error("give one seed count per length, and ddp first (the baseline)")
+    from pipeline.common import params
+    from pipeline.train import best_config
+
+    p = params()
+    runs = plan(p, best_config(p), tuple(a.epochs), tuple(a.seeds), tuple(a.methods), a.runs_dir)
+    predicted = estimate(p, runs, Path("results"))
+    left = [s for r, s in zip(runs, predicted) if not (r["out"] / "summary.json").exists()]
+    print(
+        f"[bench.lengths] {len(runs)} runs ({len(runs) - len(left)} finished); the rest "
+        f"about {duration(sum(left))} on this machine (the matrix's run times x length)",
+        flush=True,
+    )
+    if a.dry_run:
+        for r, s in zip(runs, predicted):
+            print(f"  {r['name']:<10} {r['epochs']:>3} epochs  seed {r['seed']}  ~{duration(s)}")
+        return 0
+    if not a.report_only:
+        train(runs, predicted)
+    shown = [x for x in (sys.argv[1:] if argv is None else argv) if x != "--report-only"]
+    data = report(p, runs, a.out, " ".join([".venv/bin/python -m bench.lengths", *shown]))
+    print(data["verdict"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

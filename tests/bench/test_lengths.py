@@ -1,0 +1,143 @@
+"""The training-length study's machinery (bench.lengths): its plan, a miniature of two short
+lengths trained for real, killed and continued, and the verdict's sentence made from its
+files. The study itself (hours) is not run here."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from abtrain.config import apply_overrides
+from bench import lengths
+from tests.conftest import ROOT, TINY
+
+
+def row(epochs, seed, method, best, compression=1.0, nbytes=100.0):
+    return dict(
+        epochs=epochs,
+        seed=seed,
+        method=method,
+        name=f"{method}-2x2",
+        folder="x",
+        steps=10 * epochs,
+        best_top1=best,
+        final_top1=best,
+        inter_node_bytes=nbytes,
+        compression_ratio=compression,
+        compression_over_steps=[(2, compression)] if method != "ddp" else [],
+        kept_fraction_over_steps=[(2, 0.5)] if method != "ddp" else [],
+        wall_seconds=1.0,
+        evals=[],
+        step_seconds={},
+    )
+
+
+def study(short_gap, long_gap, compression=0.8):
+    rows = []
+    for epochs, gap in ((2, short_gap), (8, (short_gap + long_gap) / 2), (32, long_gap)):
+        for seed, noise in ((0, -0.1), (1, 0.0), (2, 0.1)):
+            rows.append(row(epochs, seed, "ddp", 30.0 + noise))
+            rows.append(row(epochs, seed, "ab", 30.0 + gap + noise / 2, compression, 40.0))
+    return lengths.summarize(rows)
+
+
+def test_the_summary_pairs_each_method_with_ddp_at_its_seed():
+    s = study(-3.0, -1.0)
+    assert [x["epochs"] for x in s] == [2, 8, 32]
+    ab = s[0]["methods"]["ab"]
+    assert ab["diff_top1"]["n"] == 3 and ab["diff_top1"]["mean"] == pytest.approx(-3.0)
+    assert ab["diff_top1"]["sd"] == pytest.approx(0.05)
+    assert ab["bytes_vs_ddp"] == pytest.approx(0.4) and ab["kept_fraction"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("short", "long", "word"),
+    [(-3.0, -1.0, "narrows"), (-1.0, -3.0, "widens"), (-2.0, -2.02, "holds")],
+)
+def test_the_verdict_says_whether_the_gap_narrows_holds_or_widens(short, long, word):
+    text = lengths.verdict(study(short, long))
+    assert f"From 2 to 32 epochs AB's gap to DDP {word} " in text
+    assert f"({short:+.2f} ± 0.05 to {long:+.2f} ± 0.05 points" in text
+    assert "does not compress (0.80:1, 50% of the rank kept)" in text
+    assert "at 0.40 of DDP's inter-node bytes" in text
+    assert "compresses the model 2.50:1" in lengths.verdict(study(short, long, 2.5))
+
+
+def test_the_committed_verdict_is_made_from_the_studys_files():
+    path = ROOT / "reports" / "lengths" / "lengths.json"
+    if not path.exists():
+        pytest.skip("the study has not been committed yet")
+    data = json.loads(path.read_text())
+    assert data["verdict"] == lengths.verdict(data["summary"])
+    assert data["verdict"] in (ROOT / "reports" / "lengths" / "README.md").read_text()
+
+
+def miniature(root):
+    """A profile whose 2 x 2 runs of ddp and ab train a small MLP on generated data: one
+    epoch is 40 steps; the committed wall times the estimates scale are written too."""
+    p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p["train"] = apply_overrides(p["train"], [*TINY, "data.train_samples=640", "batch_size=4"])
+    p["search"]["use_best"] = []
+    p["experiments"].update(epochs=1, seeds=1, set=[])
+    p["experiments"]["runs"] = {
+        "ddp-2x2": {"method": "ddp", "nodes": 2, "ranks_per_node": 2, "batch": "local"},
+        "ab-2x2": {"method": "ab", "nodes": 2, "ranks_per_node": 2, "batch": "local"},
+    }
+    (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    (root / "results").mkdir()
+    for name in p["experiments"]["runs"]:
+        (root / "results" / f"{name}.json").write_text(json.dumps({"wall_seconds": 5.0}))
+    return p
+
+
+def test_the_plan_scales_each_run_as_the_pipeline_would(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    p = miniature(tmp_path)
+    runs = lengths.plan(p, None, (1, 4), (2, 1), ("ddp", "ab"), tmp_path / "runs")
+    assert [(r["epochs"], r["seed"], r["method"]) for r in runs] == [
+        (1, 0, "ddp"), (1, 0, "ab"), (1, 1, "ddp"), (1, 1, "ab"), (4, 0, "ddp"), (4, 0, "ab"),
+    ]  # fmt: skip
+    sets = {r["epochs"]: dict(s.split("=", 1) for s in r["sets"]) for r in runs}
+    assert sets[1]["steps"] == "40" and sets[4]["steps"] == "160"
+    # the schedule, the same fractions of each length (pipeline.common.resolve)
+    assert int(sets[4]["ab.warmup_steps"]) == 4 * int(sets[1]["ab.warmup_steps"])
+    assert sets[4]["eval_every"] == str(160 // lengths.EVALUATIONS)
+    assert lengths.estimate(p, runs, tmp_path / "results")[-1] == lengths.LAUNCH_SECONDS + 20.0
+
+
+@pytest.mark.multiprocess  # the launcher and torchrun, 4 ranks a run
+def test_a_killed_study_continues_and_reports_from_its_files(tmp_path):
+    miniature(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "bench.lengths", "--epochs", "1", "2", "--seeds", "2", "1"]
+    cmd += ["--methods", "ddp", "ab"]
+    first = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    said = []
+    for line in first.stdout:
+        said.append(line)
+        if line.startswith("[bench.lengths] run 3 of 6:"):  # two finished: stop it
+            os.killpg(first.pid, signal.SIGTERM)
+            break
+    first.wait(timeout=120)
+    assert "the rest about" in said[0] and "ETA" in said[1]
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    out = again.stdout
+    assert "run 1 of 6: runs/lengths/e1/ddp-2x2-s0 finished, read" in out
+    assert "run 2 of 6: runs/lengths/e1/ab-2x2-s0 finished, read" in out
+    assert "run 6 of 6: ab-2x2 at 2 epochs, seed 0" in out
+    data = json.loads((tmp_path / "reports" / "lengths" / "lengths.json").read_text())
+    assert [s["epochs"] for s in data["summary"]] == [1, 2]
+    assert data["summary"][0]["methods"]["ab"]["diff_top1"]["n"] == 2
+    assert data["summary"][1]["steps"] == 80
+    ab = next(r for r in data["runs"] if r["method"] == "ab" and r["epochs"] == 2)
+    assert ab["kept_fraction_over_steps"] and ab["compression_over_steps"]
+    assert set(data["time_to_target"]["seconds"]) == {"ddp", "ab"}
+    assert data["verdict"] == lengths.verdict(data["summary"]) and data["verdict"] in out
+    assert (tmp_path / "reports" / "lengths" / "lengths.png").stat().st_size > 10_000
