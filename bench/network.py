@@ -63,6 +63,24 @@ def matrix_sets(
     return shared, {m: v for m, v in own.items() if v}
 
 
+DEFAULT_METHODS = ("ddp", "ab", "powersgd", "ab_powersgd")
+
+
+def in_matrix(params: dict[str, Any], nodes: int, ranks: int, methods: list[str]) -> list[str]:
+    """`methods`, and the benchmark's default methods the matrix has a run of there."""
+    from pipeline.common import run_of
+
+    out = list(methods)
+    for m in DEFAULT_METHODS:
+        try:
+            run_of(params, m, nodes, ranks)
+        except abconfig.ConfigError:
+            continue
+        if m not in out:
+            out.append(m)
+    return out
+
+
 def ledger_by_node(run_dir: Path, nodes: list[int]) -> dict[int, int]:
     """Inter-node bytes each node's ranks put on the wire, from the ledger."""
     out = {n: 0 for n in set(nodes)}
@@ -291,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         help="nodes x ranks per node and its rates, e.g. --shape 2x2=50mbit,200mbit,1gbit,none "
         "--shape 4x1=200mbit (repeatable; replaces --nodes, --ranks-per-node, --rates)",
     )
-    p.add_argument("--methods", default="ddp,ab,powersgd,ab_powersgd")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS))
     p.add_argument("--config", default="params.yaml")
     p.add_argument(
         "--set",
@@ -345,7 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         import yaml
 
         params = yaml.safe_load(Path(a.config).read_text())
-        matrix = {(n, r): matrix_sets(params, n, r, methods) for n, r, _ in shapes}
+        # shared and own split over every method the matrix has there, not only these: a
+        # rerun of one method (--merge) records its runs as the others were recorded
+        matrix = {
+            (n, r): matrix_sets(params, n, r, in_matrix(params, n, r, methods))
+            for n, r, _ in shapes
+        }
         if len({json.dumps(v) for v in matrix.values()}) > 1:
             raise SystemExit(
                 "bench.network: the matrix trains these shapes with different values "

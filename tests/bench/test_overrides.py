@@ -64,7 +64,8 @@ def test_by_overrides_gives_one_labelled_table_per_set_of_them(tmp_path, capsys)
     two_settings(tmp_path)
     assert run_rates(tmp_path, "--by-overrides") == 0
     out = capsys.readouterr().out
-    assert "settings 1, made with: steps=160" in out
+    first = committed("network-200mbit")["overrides"][0]
+    assert f"settings 1, made with: {first}" in out
     assert "settings 2, made with: (none)" in out
     summary = json.loads((tmp_path / "network-rates-by-overrides.json").read_text())
     assert (tmp_path / "network-rates-by-overrides.png").exists()
