@@ -239,7 +239,9 @@ def time_to_target(p: dict[str, Any], rows: list[dict[str, Any]], epochs: int) -
         cfg = abconfig.from_dict(sets, [])
         model = ToTarget(cfg, *SHAPE, classes(cfg), r, got["step"]) if got else None
         found[r["method"]] = {
-            rate or "unshaped": (model.seconds(rate_bytes_per_s(rate)) if model else None)
+            rate or "unshaped": (
+                model.seconds(rate_bytes_per_s(rate) if rate else None) if model else None
+            )
             for rate in RATES
         }
     return dict(epochs=epochs, seed=first, target_top1=target, seconds=found)
@@ -428,14 +430,16 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def report(p: dict[str, Any], runs: list[dict[str, Any]], out: Path, command: str) -> dict:
+def report(
+    p: dict[str, Any], runs: list[dict[str, Any]], out: Path, command: str, runs_dir: Path
+) -> dict:
     rows = collect(runs)
     summary = summarize(rows)
     longest = max((r["epochs"] for r in rows), default=None)
     data = dict(
         generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         command=command,
-        runs_dir=str(RUNS_DIR),
+        runs_dir=str(runs_dir),
         shape=list(SHAPE),
         evaluations=EVALUATIONS,
         summary=summary,
@@ -481,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     if not a.report_only:
         train(runs, predicted)
     shown = [x for x in (sys.argv[1:] if argv is None else argv) if x != "--report-only"]
-    data = report(p, runs, a.out, " ".join([".venv/bin/python -m bench.lengths", *shown]))
+    command = " ".join([".venv/bin/python -m bench.lengths", *shown])
+    data = report(p, runs, a.out, command, a.runs_dir)
     print(data["verdict"])
     return 0
 
