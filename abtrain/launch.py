@@ -124,7 +124,7 @@ def run_local(
     logs = _log_folder(args)
     procs: list[subprocess.Popen] = []
     relays: list[threading.Thread] = []
-    said: list[str] = []  # abtrain's error lines, in the order the ranks printed them
+    said: list[tuple[int, str]] = []  # (node, abtrain's error line), in the order printed
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     code, deadline, failed, hung = 0, None, None, []
@@ -143,7 +143,9 @@ def run_local(
                 )
             )
             log = logs / f"node-{node}.log"
-            relays.append(threading.Thread(target=_relay, args=(procs[-1], stopping, log, said)))
+            relays.append(
+                threading.Thread(target=_relay, args=(procs[-1], stopping, log, said, node))
+            )
             relays[-1].start()
         while any(p.poll() is None for p in procs):
             if deadline is not None and time.monotonic() > deadline:
@@ -153,9 +155,8 @@ def run_local(
                 if p.poll() and not code:
                     code, deadline, failed = p.returncode, time.monotonic() + grace, node
                     if code < 0:  # torchrun itself killed: no rank is left to report
-                        said.insert(
-                            0, f"node {node}'s torchrun was killed by {signal.Signals(-code).name}"
-                        )
+                        killed = signal.Signals(-code).name
+                        said.insert(0, (node, f"node {node}'s torchrun was killed by {killed}"))
                         code, deadline = 128 - code, time.monotonic()
             time.sleep(0.2)
         code = code or next((p.returncode for p in procs if p.returncode), 0)
@@ -197,11 +198,38 @@ def _log_folder(args: Sequence[str]) -> Path:
 
 
 def _failure_line(
-    said: list[str], failed: int | None, code: int, hung: list[int], grace: float, logs: Path
+    said: list[tuple[int, str]],
+    failed: int | None,
+    code: int,
+    hung: list[int],
+    grace: float,
+    logs: Path,
 ) -> str:
-    """The run's failure in one line: what the first failing rank said (else the node's exit
-    code), which nodes did not answer, and the logs holding torchrun's report."""
-    cause = said[0] if said else f"node {failed} failed with exit code {code}"
+    """The run's failure in one line: the cause, which nodes did not answer, and the logs
+    holding torchrun's reports. The cause: a rank that died without a word (killed, or an
+    exit of its own: a torchrun report names it, and it printed no failure line), for the
+    others' failures then only answer its going; else the first failure a rank printed;
+    else the first failed node's exit code."""
+    spoke = {int(m.group(1)) for _, text in said if (m := re.match(r"rank (\d+) ", text))}
+    silent = []
+    for node in sorted(range(len(list(logs.glob("node-*.log")))), key=lambda n: n != failed):
+        root = _root_cause(logs / f"node-{node}.log")
+        if root is not None and root[0] not in spoke:
+            rank, exit_code = root
+            how = (
+                f"was killed by {signal.Signals(-exit_code).name}"
+                if exit_code < 0
+                else f"exited with code {exit_code}"
+            )
+            silent.append(f"rank {rank} (node {node}) {how} without a word")
+    if said and said[0][1].startswith("node "):  # a torchrun killed: the launcher's own
+        cause = said[0][1]
+    elif silent:
+        cause = silent[0]
+    elif said:
+        cause = said[0][1]
+    else:
+        cause = f"node {failed} failed with exit code {code}"
     parts = [cause]
     if hung:
         nodes = ", ".join(str(n) for n in hung)
@@ -213,13 +241,23 @@ def _failure_line(
     return "; ".join(parts)
 
 
-def _rank_exit_code(log: Path) -> int | None:
-    """The exit code of the first failed rank in a node's torchrun report (its log)."""
+def _root_cause(log: Path) -> tuple[int, int] | None:
+    """(rank, exit code) of the first failure in a node's torchrun report (its log: "Root
+    Cause ... rank : 3 (local_rank: 1) ... exitcode : 13"), or None."""
     try:
-        found = re.search(r"exitcode\s*:\s*(-?\d+)", log.read_text(errors="replace"))
+        text = log.read_text(errors="replace")
     except OSError:
         return None
-    return int(found.group(1)) if found and int(found.group(1)) > 0 else None
+    text = text[text.find("Root Cause") :] if "Root Cause" in text else text
+    rank = re.search(r"rank\s*:\s*(\d+)", text)
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", text)
+    return (int(rank.group(1)), int(code.group(1))) if rank and code else None
+
+
+def _rank_exit_code(log: Path) -> int | None:
+    """The exit code of the first failed rank in a node's torchrun report (its log)."""
+    root = _root_cause(log)
+    return root[1] if root and root[1] > 0 else None
 
 
 def refusal(args: Sequence[str]) -> str | None:
@@ -285,11 +323,17 @@ def _cause(line: str) -> str | None:
     return None
 
 
-def _relay(proc: subprocess.Popen, stopping: threading.Event, log: Path, said: list[str]) -> None:
+def _relay(
+    proc: subprocess.Popen,
+    stopping: threading.Event,
+    log: Path,
+    said: list[tuple[int, str]],
+    node: int,
+) -> None:
     """A node's stderr (its torchrun's and its ranks') into its log; abtrain's own lines on
     to ours as well (unless the launcher is stopping the run: then torchrun answers the
     signal with a traceback per node, and abtrain's lines would repeat it). The ranks' error
-    lines are kept in `said`, the cause the last line names."""
+    lines are kept in `said`, with the node, for the cause the last line names."""
     with open(log, "ab") as f:
         for line in iter(proc.stderr.readline, b""):
             f.write(line)
@@ -300,7 +344,7 @@ def _relay(proc: subprocess.Popen, stopping: threading.Event, log: Path, said: l
                 sys.stderr.write(text + "\n")
                 sys.stderr.flush()
             if (cause := _cause(text)) is not None:
-                said.append(cause)
+                said.append((node, cause))
     proc.stderr.close()
 
 

@@ -21,6 +21,7 @@ RUNS = Path("runs")
 # Each search's record (best.json, evaluations.jsonl): small, committed, and what the runs
 # train from, so a fresh clone trains the committed runs instead of a search that timing moves.
 SEARCHES = Path("results/search")
+DATA_COUNTS = Path("results/data.json")  # each prepared data set's image counts (prepare)
 
 
 def params() -> dict[str, Any]:
@@ -147,11 +148,20 @@ def data_configs(p: dict[str, Any]) -> list[abconfig.ImageData]:
 
 
 def train_size(cfg: abconfig.Config) -> int:
-    """Training images in the prepared data (generated data: its sample count)."""
+    """Training images in the prepared data (generated data: its sample count); without the
+    prepared folder, the count the prepare stage committed (DATA_COUNTS)."""
     if cfg.data.name == "synthetic":
         return cfg.data.train_samples
-    meta = json.loads((Path(cfg.data.prepared) / "meta.json").read_text())
-    return sum(meta["counts"]["train"].values())
+    meta = Path(cfg.data.prepared) / "meta.json"
+    if meta.exists():
+        return sum(json.loads(meta.read_text())["counts"]["train"].values())
+    counts = json.loads(DATA_COUNTS.read_text()) if DATA_COUNTS.exists() else {}
+    if cfg.data.prepared not in counts:
+        raise abconfig.ConfigError(
+            f"data.prepared: {cfg.data.prepared} is not prepared and {DATA_COUNTS} has no count "
+            "of it: run the prepare stage (dvc repro prepare)"
+        )
+    return counts[cfg.data.prepared]["train"]
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,21 @@
 """Stage `prepare`: verify every data set the experiments need and write its prepared form
-(under data/prepared/)."""
+(under data/prepared/), and each one's image counts in results/data.json (committed: the
+matrix's step counts follow from them, so a clone without the data, a planner or a test,
+resolves every run as the pipeline does)."""
 
 from __future__ import annotations
 
+import json
 import sys
 
+from abtrain.files import atomic_write_text
 from abtrain.prepare import prepare
 from abtrain.sources import DataError
-from pipeline.common import data_configs, params, stage
+from pipeline.common import DATA_COUNTS, data_configs, params, stage
 
 
 def main() -> int:
+    counts = {}
     for data in data_configs(params()):
         try:
             meta = prepare(data)
@@ -18,9 +23,12 @@ def main() -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
         n = {split: sum(c.values()) for split, c in meta["counts"].items()}
+        counts[data.prepared] = dict(n, classes=len(meta["classes"]))
         print(
             f"[pipeline] {data.name}: {n['train']} train / {n['val']} val images in {data.prepared}"
         )
+    DATA_COUNTS.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(DATA_COUNTS, json.dumps(counts, indent=2, sort_keys=True) + "\n")
     return 0
 
 

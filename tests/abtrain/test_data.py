@@ -848,7 +848,7 @@ def test_a_killed_prepare_after_an_up_to_date_one_leaves_nothing(tmp_path):
     code = (
         "import os\n"
         "from abtrain import prepare\n"
-        "prepare._prepared_meta = lambda out: None\n"  # as if it were not up to date
+        "prepare.fingerprint = lambda d: {'another': 'config'}\n"  # not up to date to it
         "prepare._decode_all = lambda *a, **k: os.kill(os.getpid(), 9)\n"
         f"prepare.prepare(prepare.ImageData.model_validate({cfg.model_dump()!r}))\n"
     )

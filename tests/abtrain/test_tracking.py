@@ -364,9 +364,10 @@ def test_mlflow_ui_lists_the_runs_and_compares_ddp_with_ab_in_headless_chromium(
             figures = [
                 s["val_top1"]["best"],
                 s["val_top1"]["final"],
-                s["traffic"]["inter_node_bytes_per_step"] / 1e6,
+                round(s["traffic"]["inter_node_bytes_per_step"] / 1e6, 3),  # as logged
             ]
             row = " ".join(repr(float(v)).removesuffix(".0") for v in figures)  # as JS writes
+            assert all(len(repr(float(v))) <= 8 for v in figures), row  # no 8.14356876923077
             assert run.info.run_name in text and f" {row} " in text, row
         chrome(f"{url}/{key_figures_link(exp)}", f"--screenshot={d / 'mlflow-runs.png'}")
         shutil.copy(d / "mlflow-runs.png", Path(tempfile.gettempdir()) / "abtrain-mlflow-runs.png")

@@ -183,8 +183,12 @@ def test_killed_run_resumes_to_the_same_weights_and_loss_bit_for_bit(runs, tmp_p
     assert killed.returncode != 0 and not (tmp_path / "summary.json").exists()
     assert time.monotonic() - start < 120  # the others stopped instead of hanging
     log = killed.stdout + killed.stderr
-    assert re.search(r"rank\s*:\s*3 \(local_rank: 1\)", log), log[-3000:]  # torchrun names it
+    reports = "".join(p.read_text() for p in (tmp_path / "logs").glob("node-*.log"))
+    assert re.search(r"rank\s*:\s*3 \(local_rank: 1\)", reports), log[-3000:]  # torchrun's
     assert re.search(r"rank [0-2] \(node \d\) failed", log)  # survivors stopped by themselves
+    # the last line names the rank that died without a word, not a survivor's complaint
+    last = killed.stderr.strip().splitlines()[-1]
+    assert last.startswith("[abtrain.launch] error: rank 3 (node 1) exited with code 13"), last
     assert (tmp_path / "checkpoints" / "LATEST").read_text().strip() == "20"
     assert_one_replica_per_group(tmp_path, 20)  # inside an AB phase
     resume_and_compare(runs["ab"], tmp_path, "resumed from step 20 (ab phase)")
