@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain.files import atomic_write_text
+from bench.network import step_times
 
 LENGTHS = (2, 8, 32)  # epochs of the profile's training set
 SEEDS = (3, 3, 2)  # per length: seeds train.seed, +1, ...
@@ -119,15 +120,6 @@ def train(runs: list[dict[str, Any]], predicted: list[float]) -> None:
 
 
 # ---------------------------------------------------------------- what the runs give
-def step_seconds(out: Path) -> dict[str, float]:
-    """Mean seconds per step by phase, from the run's log (bench.network's measure)."""
-    by: dict[str, list[float]] = {}
-    for row in csv.DictReader((out / "train_log.csv").open()):
-        if row.get("seconds"):
-            by.setdefault(row["phase"], []).append(float(row["seconds"]))
-    return {k: sum(v) / len(v) for k, v in by.items()}
-
-
 def kept_fraction(out: Path) -> list[tuple[int, float]]:
     """(step, kept rank over full rank, summed over the factorised layers) at each
     factorisation, from ranks.csv; [] for a run without AB phases."""
@@ -171,7 +163,7 @@ def collect(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     dict(step=e["step"], seconds=e["seconds"], val_top1=e["val_top1"])
                     for e in s["evals"]
                 ],
-                step_seconds=step_seconds(r["out"]),
+                step_seconds=step_times(r["out"]),  # bench.network's measure
             )
         )
     return rows

@@ -163,11 +163,11 @@ def run_one(method: str, rate: str | None, a: argparse.Namespace, work: Path) ->
             iface[i]["tx"] / ledger[i] - 1 if ledger[i] else None for i in range(a.nodes)
         ],
         traffic=s["traffic"],
-        step_seconds=_step_times(out),
+        step_seconds=step_times(out),
     )
 
 
-def _step_times(out: Path) -> dict[str, float]:
+def step_times(out: Path) -> dict[str, float]:
     """Mean seconds per step by phase, from the run's log."""
     import csv
 
