@@ -21,7 +21,7 @@ RUNS = Path("runs")
 # Each search's record (best.json, evaluations.jsonl): small, committed, and what the runs
 # train from, so a fresh clone trains the committed runs instead of a search that timing moves.
 SEARCHES = Path("results/search")
-DATA_COUNTS = Path("results/data.json")  # each prepared data set's image counts (prepare)
+DATA_COUNTS = Path("results/data/counts.json")  # each prepared data set's image counts (prepare)
 
 
 def params() -> dict[str, Any]:

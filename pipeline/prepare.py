@@ -1,5 +1,5 @@
 """Stage `prepare`: verify every data set the experiments need and write its prepared form
-(under data/prepared/), and each one's image counts in results/data.json (committed: the
+(under data/prepared/), and each one's image counts in results/data/counts.json (committed: the
 matrix's step counts follow from them, so a clone without the data, a planner or a test,
 resolves every run as the pipeline does)."""
 
