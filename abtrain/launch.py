@@ -125,6 +125,7 @@ def run_local(
     procs: list[subprocess.Popen] = []
     relays: list[threading.Thread] = []
     said: list[tuple[int, str]] = []  # (node, abtrain's error line), in the order printed
+    unlogged: dict[int, str] = {}  # node: why its log could not be written
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     code, deadline, failed, hung = 0, None, None, []
@@ -144,7 +145,10 @@ def run_local(
             )
             log = logs / f"node-{node}.log"
             relays.append(
-                threading.Thread(target=_relay, args=(procs[-1], stopping, log, said, node))
+                threading.Thread(
+                    target=_relay,
+                    args=(procs[-1], stopping, log, said, node, unlogged),
+                )
             )
             relays[-1].start()
         while any(p.poll() is None for p in procs):
@@ -159,7 +163,9 @@ def run_local(
                         said.insert(0, (node, f"node {node}'s torchrun was killed by {killed}"))
                         code, deadline = 128 - code, time.monotonic()
             time.sleep(0.2)
-        code = code or next((p.returncode for p in procs if p.returncode), 0)
+        if not code:  # every node ended between two looks
+            failed = next((n for n, p in enumerate(procs) if p.returncode), None)
+            code = 0 if failed is None else procs[failed].returncode
     except Stopped as stop:
         stopping.set()
         print(f"[abtrain.launch] {stop}: stopping every node", file=sys.stderr, flush=True)
@@ -180,7 +186,7 @@ def run_local(
         if code == 1 and failed is not None:  # torchrun's own: the rank's code is in its report
             code = _rank_exit_code(logs / f"node-{failed}.log") or code
         print(
-            f"[abtrain.launch] error: {_failure_line(said, failed, code, hung, grace, logs)}",
+            f"[abtrain.launch] error: {_failure_line(said, failed, code, hung, grace, logs, unlogged)}",
             file=sys.stderr,
             flush=True,
         )
@@ -204,6 +210,7 @@ def _failure_line(
     hung: list[int],
     grace: float,
     logs: Path,
+    unlogged: dict[int, str] | None = None,
 ) -> str:
     """The run's failure in one line: the cause, which nodes did not answer, and the logs
     holding torchrun's reports. The cause: a rank that died without a word (killed, or an
@@ -237,7 +244,11 @@ def _failure_line(
             f"node{'s' * (len(hung) > 1)} {nodes} did not answer within {grace:g} s of it and "
             f"{'were' if len(hung) > 1 else 'was'} killed"
         )
-    parts.append(f"torchrun's report and the tracebacks: {logs}/node-*.log")
+    if unlogged:
+        nodes = ", ".join(f"node {n}: {why}" for n, why in sorted(unlogged.items()))
+        parts.append(f"the logs in {logs} could not be written ({nodes})")
+    else:
+        parts.append(f"torchrun's report and the tracebacks: {logs}/node-*.log")
     return "; ".join(parts)
 
 
@@ -329,23 +340,45 @@ def _relay(
     log: Path,
     said: list[tuple[int, str]],
     node: int,
+    unlogged: dict[int, str],
 ) -> None:
     """A node's stderr (its torchrun's and its ranks') into its log; abtrain's own lines on
     to ours as well (unless the launcher is stopping the run: then torchrun answers the
     signal with a traceback per node, and abtrain's lines would repeat it). The ranks' error
-    lines are kept in `said`, with the node, for the cause the last line names."""
-    with open(log, "ab") as f:
-        for line in iter(proc.stderr.readline, b""):
-            f.write(line)
-            f.flush()
-            text = line.decode(errors="replace").rstrip()
-            ours = text.startswith(("[abtrain", "error: "))
-            if ours and not stopping.is_set():
-                sys.stderr.write(text + "\n")
-                sys.stderr.flush()
-            if (cause := _cause(text)) is not None:
-                said.append((node, cause))
+    lines are kept in `said`, with the node, for the cause the last line names. A log that
+    can't be written (a full disk: often the very failure) is given up, its reason kept in
+    `unlogged`, and the relaying goes on: the screen's lines matter more than the log."""
+    f = None
+    try:
+        f = open(log, "ab")
+    except OSError as err:
+        unlogged[node] = err.strerror or str(err)
+    for line in iter(proc.stderr.readline, b""):
+        if f is not None:
+            try:
+                f.write(line)
+                f.flush()
+            except OSError as err:
+                unlogged[node] = err.strerror or str(err)
+                f = _closed(f)
+        text = line.decode(errors="replace").rstrip()
+        ours = text.startswith(("[abtrain", "error: "))
+        if ours and not stopping.is_set():
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        if (cause := _cause(text)) is not None:
+            said.append((node, cause))
+    if f is not None:
+        _closed(f)
     proc.stderr.close()
+
+
+def _closed(f: typing.IO[bytes]) -> None:
+    """Close a log whose buffer may not fit on the disk any more."""
+    try:
+        f.close()
+    except OSError:
+        pass
 
 
 def _run_folder(args: Sequence[str]) -> str | None:

@@ -246,6 +246,39 @@ def test_a_full_disk_at_a_checkpoint_names_the_file_leaves_no_temporary_and_resu
     assert summary(out)["steps"] == 40
 
 
+def fill(folder: Path) -> None:
+    """Writes a file into `folder` until its disk is full."""
+    with open(folder / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_a_disk_that_fills_under_the_logs_still_ends_with_the_cause(tmp_path, small_disk):
+    """Something else fills the disk once the run has started, so the nodes' logs can't be
+    written either (CI met it): the launcher relays the ranks' lines all the same and its
+    last line names the full disk and the logs it could not write, with no traceback."""
+    mnt, mount = small_disk
+    mount(16 << 20)
+    out = mnt / "run"
+    proc = start(out, *DDP, "steps=100000", nnodes=1, nproc=2)
+    deadline = time.monotonic() + 120
+    while not (out / "train_log.csv").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    fill(mnt)
+    err = proc.communicate(timeout=120)[1].decode()
+    assert proc.returncode != 0
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("[abtrain.launch] error: "), err[-3000:]
+    assert "No space left on device" in last, err[-3000:]
+    assert "could not be written" in last, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert "node None" not in err
+
+
 def gone(out: Path, timeout: float) -> list[int]:
     """Waits for every process of the run to end; returns those still alive."""
     deadline = time.monotonic() + timeout
