@@ -68,14 +68,19 @@ def parts(ab: Plan, ddp: Plan) -> dict[str, float]:
     )
 
 
-def paper_rates(p: dict, ref: list[dict]) -> list[dict]:
+def paper_rates(
+    p: dict, ref: list[dict], models: tuple[str, ...] = ("vit-", "r50-"), max_nodes: int = 0
+) -> list[dict]:
     """Predicted inter-node GB/s per process of the paper profile's ViT-B/16 and ResNet-50
-    runs on the stated hardware model, AB's over DDP's beside the paper's Table 1."""
+    runs on the stated hardware model, AB's over DDP's beside the paper's Table 1; only
+    the runs of `models` (name prefixes) on at most `max_nodes` nodes (0: any)."""
     out = []
     matrix = runs(p)
     seen = set()
     for name, run in matrix.items():
-        if not name.startswith(("vit-", "r50-")) or run.method != "ab":
+        if not name.startswith(models) or run.method != "ab":
+            continue
+        if max_nodes and run.nodes > max_nodes:
             continue
         # one row per Table 1 cell: the 2-node ResNet-50 runs at either weight decay of
         # the authors' two configs send the same bytes (the first, 0.1, stands for both)

@@ -50,7 +50,7 @@ def headline(
             f"same settings (`reports/search-reruns/`"
             + ("" if tables.same_model(d, p) else f", made with {tables.EARLIER_MODEL}")
             + ") chose "
-            + (f"learning rates from {min(lr):.2g} to {max(lr):.2g} and " if lr else "")
+            + (f"{learning_rates(lr)} and " if lr else "")
             + f"gave an {d['runs'][1]} − {d['runs'][0]} gap of {gap['min']:+.2f} to "
             f"{gap['max']:+.2f} points (sd {gap['std']:.2f}) and a bytes ratio of "
             f"{ratio['min']:.3f} to {ratio['max']:.3f}. The runs train from the committed "
@@ -63,6 +63,12 @@ def headline(
         top = [*top, "", f"![the verdict at a glance]({glance.as_posix()})"]
     out = [*top, "", *lines] if top else lines
     return "\n".join(out) + "\n" + ("\n" + " ".join(text) + "\n" if text else "")
+
+
+def learning_rates(lr: list[float]) -> str:
+    """The searches' learning rates as a range, or the one they all chose."""
+    lo, hi = f"{min(lr):.3g}", f"{max(lr):.3g}"
+    return f"the same learning rate ({lo})" if lo == hi else f"learning rates from {lo} to {hi}"
 
 
 MARKS = ("<!-- headline: begin -->\n", "<!-- headline: end -->")

@@ -77,15 +77,15 @@ def test_the_committed_verdict_is_made_from_the_studys_files():
 
 
 def miniature(root):
-    """A profile whose 2 x 2 runs of ddp and ab train a small MLP on generated data: one
+    """A profile whose 2 x 1 runs of ddp and ab train a small MLP on generated data: one
     epoch is 40 steps; the committed wall times the estimates scale are written too."""
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
-    p["train"] = apply_overrides(p["train"], [*TINY, "data.train_samples=640", "batch_size=4"])
+    p["train"] = apply_overrides(p["train"], [*TINY, "data.train_samples=320", "batch_size=4"])
     p["search"]["use_best"] = []
     p["experiments"].update(epochs=1, seeds=1, set=[])
     p["experiments"]["runs"] = {
-        "ddp-2x2": {"method": "ddp", "nodes": 2, "ranks_per_node": 2, "batch": "local"},
-        "ab-2x2": {"method": "ab", "nodes": 2, "ranks_per_node": 2, "batch": "local"},
+        "ddp-2x1": {"method": "ddp", "nodes": 2, "ranks_per_node": 1, "batch": "local"},
+        "ab-2x1": {"method": "ab", "nodes": 2, "ranks_per_node": 1, "batch": "local"},
     }
     (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     (root / "results").mkdir()
@@ -97,7 +97,7 @@ def miniature(root):
 def test_the_plan_scales_each_run_as_the_pipeline_would(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     p = miniature(tmp_path)
-    runs = lengths.plan(p, None, (1, 4), (2, 1), ("ddp", "ab"), tmp_path / "runs")
+    runs = lengths.plan(p, None, (1, 4), (2, 1), ("ddp", "ab"), tmp_path / "runs", (2, 1))
     assert [(r["epochs"], r["seed"], r["method"]) for r in runs] == [
         (1, 0, "ddp"), (1, 0, "ab"), (1, 1, "ddp"), (1, 1, "ab"), (4, 0, "ddp"), (4, 0, "ab"),
     ]  # fmt: skip
@@ -109,12 +109,12 @@ def test_the_plan_scales_each_run_as_the_pipeline_would(tmp_path, monkeypatch):
     assert lengths.estimate(p, runs, tmp_path / "results")[-1] == lengths.LAUNCH_SECONDS + 20.0
 
 
-@pytest.mark.multiprocess  # the launcher and torchrun, 4 ranks a run
+@pytest.mark.multiprocess  # the launcher and torchrun, 2 ranks a run
 def test_a_killed_study_continues_and_reports_from_its_files(tmp_path):
     miniature(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "bench.lengths", "--epochs", "1", "2", "--seeds", "2", "1"]
-    cmd += ["--methods", "ddp", "ab"]
+    cmd += ["--methods", "ddp", "ab", "--shape", "2x1"]
     first = subprocess.Popen(
         cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -129,13 +129,17 @@ def test_a_killed_study_continues_and_reports_from_its_files(tmp_path):
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     out = again.stdout
-    assert "run 1 of 6: runs/lengths/e1/ddp-2x2-s0 finished, read" in out
-    assert "run 2 of 6: runs/lengths/e1/ab-2x2-s0 finished, read" in out
-    assert "run 6 of 6: ab-2x2 at 2 epochs, seed 0" in out
+    assert "run 1 of 6: runs/lengths/e1/ddp-2x1-s0 finished, read" in out
+    assert "run 2 of 6: runs/lengths/e1/ab-2x1-s0 finished, read" in out
+    assert "run 6 of 6: ab-2x1 at 2 epochs, seed 0" in out
     data = json.loads((tmp_path / "reports" / "lengths" / "lengths.json").read_text())
     assert [s["epochs"] for s in data["summary"]] == [1, 2]
     assert data["summary"][0]["methods"]["ab"]["diff_top1"]["n"] == 2
     assert data["summary"][1]["steps"] == 80
+    assert (
+        data["shape"] == [2, 1]
+        and "2 × 1 run" in (tmp_path / "reports/lengths/README.md").read_text()
+    )
     ab = next(r for r in data["runs"] if r["method"] == "ab" and r["epochs"] == 2)
     assert ab["kept_fraction_over_steps"] and ab["compression_over_steps"]
     assert set(data["time_to_target"]["seconds"]) == {"ddp", "ab"}

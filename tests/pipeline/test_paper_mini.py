@@ -172,6 +172,7 @@ def test_repro_ran_ddp_and_ab_of_every_model_on_two_slurm_nodes(run):
         assert s["run"]["nodes"] == 2 and s["run"]["ranks_per_node"] == 1
         assert s["traffic"]["inter_node_bytes"] > 0
         assert (repo / "runs" / "train" / name / "job.sbatch").read_text().count("--nodes=2") == 1
+        assert list((repo / "runs" / "train" / name).glob("slurm-*.log")), name
         seen.add((s["run"]["model"], s["method"]))
         if s["run"]["model"] == "vgg16":
             assert cfg["model"]["factory"] == "abtrain.models.vgg:vgg16"

@@ -58,3 +58,10 @@ def test_every_relative_link_of_the_readme_and_docs_resolves():
                 if anchor not in {_anchor(h) for h in headings}:
                     broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, broken
+
+
+def test_the_searches_learning_rates_read_as_a_range_or_as_the_one_they_chose():
+    assert report_readme.learning_rates([0.001008, 0.001208]) == (
+        "learning rates from 0.00101 to 0.00121"
+    )
+    assert report_readme.learning_rates([0.001008, 0.0010077]) == "the same learning rate (0.00101)"

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipeline import slurm
 from pipeline.common import Run
@@ -191,29 +190,6 @@ def test_the_search_runs_as_one_slurm_job_with_mpi_inside(in_cluster, tmp_path):
     assert best["evaluations"] == 2
     rows = [json.loads(line) for line in (out / "evaluations.jsonl").read_text().splitlines()]
     assert {r["worker"] for r in rows} <= {0, 1}
-
-
-@pytest.mark.cluster
-@pytest.mark.pipeline
-@pytest.mark.multiprocess
-def test_dvc_repro_runs_the_training_stages_through_slurm(in_cluster, tmp_path):
-    from tests.pipeline.test_pipeline import copy_repo, dvc, miniature, write_images
-
-    repo = tmp_path / "repo"
-    copy_repo(repo)
-    write_images(tmp_path / "images")
-    params = miniature(yaml.safe_load((repo / "params.yaml").read_text()), tmp_path / "images")
-    params["experiments"]["launcher"] = "slurm"
-    params["experiments"]["slurm"] = {**SLURM, "search_nodes": 1}
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    proc = dvc(repo, "repro", "train@ddp-2x1", "train@ab-2x1")  # and the search they use
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    jobs = re.findall(r"SLURM job \d+ \((\S+)\) completed", proc.stdout)
-    assert sorted(jobs) == ["ab-2x1", "ddp-2x1", "search"]
-    for name in ("ddp-2x1", "ab-2x1"):
-        s = json.loads((repo / "results" / f"{name}.json").read_text())
-        assert s["nodes"] == 2 and s["traffic"]["inter_node_bytes"] > 0
-        assert list((repo / "runs" / "train" / name).glob("slurm-*.log"))
 
 
 @pytest.mark.cluster
