@@ -37,6 +37,11 @@ TINY = [
 ]
 
 
+# The test files (xdist groups) that take longest on 2 cores, longest first (pytest
+# --durations in CI): started first under `-n`, they end before the short ones do.
+LONGEST = ("slurm",)
+
+
 def tiny_config(*overrides: str):
     from abtrain import config
 
@@ -202,6 +207,22 @@ def _checked_popen_init(self, args, *rest, **kwargs):
 
 def pytest_configure(config):
     subprocess.Popen.__init__ = _checked_popen_init
+
+
+def pytest_collection_modifyitems(config, items):
+    """For `-n N --dist loadgroup` (pytest-xdist; scripts/test.sh): a file's tests run on
+    one worker, so its module-scoped fixtures are built once, and every test of the local
+    Slurm cluster on one worker, so two clusters never run at once. The longest groups go
+    first, so that no worker is left with one at the end while the others wait."""
+    for item in items:
+        cluster = item.get_closest_marker("cluster") is not None
+        item.add_marker(pytest.mark.xdist_group("slurm" if cluster else item.path.name))
+    first = {name: i for i, name in enumerate(LONGEST)}
+
+    def group(item) -> str:
+        return next(m.kwargs.get("name", m.args[0]) for m in item.iter_markers("xdist_group"))
+
+    items.sort(key=lambda item: first.get(group(item), len(first)))  # stable: else as found
 
 
 def pytest_unconfigure(config):

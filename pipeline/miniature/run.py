@@ -37,8 +37,8 @@ def working_copy(dest: Path) -> None:
     ).stdout.split("\0")
     results = ("dvc.lock", "metrics/", "results/", "plots/", "reports/")  # the default profile's
     # committed benchmarks the report reads: reports/seeds/, every reports/seeds-*/ study,
-    # the search-rerun study
-    inputs = ("reports/seeds", "reports/table2/", "reports/search-reruns/")
+    # the search-rerun and training-length studies
+    inputs = ("reports/seeds", "reports/table2/", "reports/search-reruns/", "reports/lengths/")
     for f in files:
         if f and (ROOT / f).is_file() and (not f.startswith(results) or f.startswith(inputs)):
             (dest / f).parent.mkdir(parents=True, exist_ok=True)

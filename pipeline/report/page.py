@@ -71,6 +71,7 @@ def assemble(
         *traffic_section(done, t1, missing, paper),
         *compression_section(t2, paper),
         *seeds_section(studies, study),
+        *lengths_section(p),
         *figures_section(pics),
         *search_section(p, *search),
     ]
@@ -202,8 +203,8 @@ def matching_study(
 
 
 def pm(d: dict[str, Any]) -> str:
-    """A study's difference as mean ± sd."""
-    return f"{d['mean']:+.2f} ± {d['sd']:.2f}"
+    """A study's difference as mean ± sd (the mean alone from one seed)."""
+    return f"{d['mean']:+.2f}" + (f" ± {d['sd']:.2f}" if d.get("sd") is not None else "")
 
 
 def mbit(x: float) -> str:
@@ -281,6 +282,9 @@ def verdict(
             f"- It is {span([-x for x in own], '.2f')} points of best top-1 below DDP's (one "
             "seed per scale: no seed study here is made with the runs' values)."
         )
+    lengths = tables.lengths_study(p)
+    if lengths:  # is the gap the method or the short training?
+        text.append(f"- {lengths['verdict'].rstrip('.')} (`reports/lengths/`).")
     if shapes:
 
         def firsts(s: dict[str, Any]) -> str:
@@ -878,6 +882,36 @@ def seeds_section(studies: list[dict[str, Any]], study: dict[str, Any] | None) -
         "Seed studies (`python -m bench.seeds`) rerun a pair of the matrix at several seeds. "
         + first,
         *seed_pairs(studies),
+    ]
+
+
+def lengths_section(p: dict[str, Any]) -> list[str]:
+    """The training-length study (`python -m bench.lengths`): its sentence, its figure and
+    AB's row at each length; nothing when there is none made with the runs' model."""
+    data = tables.lengths_study(p)
+    if not data:
+        return []
+    rows = [
+        f"| {s['epochs']} | {s['steps']} | {m} | {len(x['seeds'])} | {pm(x['diff_top1'])} | "
+        f"{x['bytes_vs_ddp']:.3f} | {x['compression_ratio']:.2f}:1 |"
+        for s in data["summary"]
+        for m, x in s["methods"].items()
+        if m != "ddp" and x["diff_top1"]
+    ]
+    return [
+        "",
+        "## Over training length",
+        "",
+        f"Is AB's gap the method or the short training? [`lengths/`](lengths/README.md) trains "
+        f"the matrix's {data['shape'][0]} × {data['shape'][1]} runs at several lengths, several "
+        f"seeds each: {data['verdict']}",
+        "",
+        "![AB over training length](lengths/lengths.png)",
+        "",
+        "| epochs | steps | method | seeds | Δ best top-1 vs DDP (points) | bytes / DDP's | "
+        "compression |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
     ]
 
 

@@ -353,6 +353,14 @@ def search_record(p: dict[str, Any]) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if p["search"]["use_best"] and path.exists() else None
 
 
+def lengths_study(p: dict[str, Any]) -> dict[str, Any] | None:
+    """The training-length study (reports/lengths/lengths.json, `python -m bench.lengths`)
+    when it was made with the matrix's model, else None."""
+    path = REPORTS / "lengths" / "lengths.json"
+    data = json.loads(path.read_text()) if path.exists() else None
+    return data if data and same_model(data, p) else None
+
+
 def seed_studies(p: dict[str, Any]) -> list[dict[str, Any]]:
     """Every seed study here (reports/seeds*/seeds.json, `python -m bench.seeds`), each with
     `folder`, `data` (its seeds.json), `extra` (overrides beyond the seed's), `searched`

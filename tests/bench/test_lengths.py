@@ -62,9 +62,11 @@ def test_the_verdict_says_whether_the_gap_narrows_holds_or_widens(short, long, w
     text = lengths.verdict(study(short, long))
     assert f"From 2 to 32 epochs AB's gap to DDP {word} " in text
     assert f"({short:+.2f} ± 0.05 to {long:+.2f} ± 0.05 points" in text
-    assert "does not compress (0.80:1, 50% of the rank kept)" in text
-    assert "at 0.40 of DDP's inter-node bytes" in text
-    assert "compresses the model 2.50:1" in lengths.verdict(study(short, long, 2.5))
+    assert text.endswith("and at 32 epochs it does not compress (0.80:1, 50% of the rank kept).")
+    assert "compresses the model 2.50:1, 50% of the rank kept." in lengths.verdict(
+        study(short, long, 2.5)
+    )
+    assert len(text) <= 170  # one line of the README's verdict, with the study's folder
 
 
 def test_the_committed_verdict_is_made_from_the_studys_files():
@@ -74,6 +76,9 @@ def test_the_committed_verdict_is_made_from_the_studys_files():
     data = json.loads(path.read_text())
     assert data["verdict"] == lengths.verdict(data["summary"])
     assert data["verdict"] in (ROOT / "reports" / "lengths" / "README.md").read_text()
+    # and the verdict at the top of the report and the README says it (less its full stop)
+    for page in (ROOT / "reports" / "README.md", ROOT / "README.md"):
+        assert data["verdict"].rstrip(".") + " (`reports/lengths/`)." in page.read_text(), page
 
 
 def miniature(root):
@@ -145,3 +150,18 @@ def test_a_killed_study_continues_and_reports_from_its_files(tmp_path):
     assert set(data["time_to_target"]["seconds"]) == {"ddp", "ab"}
     assert data["verdict"] == lengths.verdict(data["summary"]) and data["verdict"] in out
     assert (tmp_path / "reports" / "lengths" / "lengths.png").stat().st_size > 10_000
+    # the run folders stay on the machine that trained them: --render redraws the same page,
+    # figure and verdict from the committed lengths.json alone
+    made = {
+        f: (tmp_path / "reports/lengths" / f).read_bytes()
+        for f in os.listdir(tmp_path / "reports/lengths")
+    }
+    subprocess.run(["rm", "-rf", str(tmp_path / "runs")], check=True)
+    redrawn = subprocess.run(
+        [sys.executable, "-m", "bench.lengths", "--render"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert redrawn.returncode == 0, redrawn.stderr[-3000:]
+    assert redrawn.stdout.strip() == data["verdict"]
+    for f, content in made.items():
+        assert (tmp_path / "reports/lengths" / f).read_bytes() == content, f

@@ -257,3 +257,40 @@ def test_the_verdict_is_short_sentences_and_names_the_benchmarks_values(here):
     assert sum(x.startswith("- ") for x in lines) >= 5
     note = next(x for x in md if x.startswith("First to the target"))
     assert "160 steps of its own schedule, not the matrix's values" in note
+
+
+def test_the_verdict_says_what_the_length_study_found_when_made_with_the_runs_model(here):
+    """reports/lengths/lengths.json (bench.lengths): its sentence is one line of the verdict,
+    and a study of another model is not."""
+    path = tables.REPORTS / "lengths" / "lengths.json"
+    path.parent.mkdir(parents=True)
+    said = "From 1 to 16 epochs AB's gap to DDP narrows (-3.00 ± 0.50 to -1.00 ± 0.40 points)."
+    path.write_text(json.dumps(dict(model=MODEL, verdict=said)))
+    text = page.verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
+    assert f"- {said[:-1]} (`reports/lengths/`)." in text.splitlines()
+    path.write_text(json.dumps(dict(model=None, verdict=said)))
+    assert "reports/lengths" not in page.verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
+
+
+def test_the_report_has_a_section_over_training_length_from_the_study(here):
+    """The study's sentence, its figure and AB's Δ at each length, read from lengths.json."""
+    path = tables.REPORTS / "lengths" / "lengths.json"
+    path.parent.mkdir(parents=True)
+    ab = lambda mean, sd: dict(  # noqa: E731
+        seeds=[0, 1], diff_top1=dict(mean=mean, sd=sd), bytes_vs_ddp=0.4, compression_ratio=0.75
+    )
+    summary = [
+        dict(epochs=1, steps=78, methods=dict(ddp=dict(diff_top1=None), ab=ab(-0.2, 0.7))),
+        dict(epochs=16, steps=1250, methods=dict(ddp=dict(diff_top1=None), ab=ab(-3.2, None))),
+    ]
+    data = dict(model=MODEL, verdict="It widens.", shape=[2, 2], summary=summary)
+    path.write_text(json.dumps(data))
+    md = page.lengths_section(P)
+    assert (
+        "## Over training length" in md and "![AB over training length](lengths/lengths.png)" in md
+    )
+    assert any(x.endswith("seeds each: It widens.") for x in md)
+    assert "| 1 | 78 | ab | 2 | -0.20 ± 0.70 | 0.400 | 0.75:1 |" in md
+    assert "| 16 | 1250 | ab | 2 | -3.20 | 0.400 | 0.75:1 |" in md
+    path.write_text(json.dumps(data | dict(model=None)))
+    assert page.lengths_section(P) == []
