@@ -19,8 +19,8 @@ from typing import Any
 from abtrain import config as abconfig
 from abtrain import schedule
 from abtrain.files import atomic_write_text
-from pipeline.common import RUNS, SEARCHES, runs
-from pipeline.train import scalars
+from pipeline.common import RUNS, SEARCHES, resolve, runs
+from pipeline.train import best_config, scalars
 
 REPORTS = Path("reports")
 METRICS = REPORTS / "metrics"
@@ -188,13 +188,29 @@ def saved_config(path: Path) -> abconfig.Config | None:
         return None
 
 
+def run_config(p: dict, name: str) -> abconfig.Config | None:
+    """The config run `name` trained with: its folder's, or, on a clone without run folders
+    (they are not committed), the one the train stage resolves from params.yaml and the
+    search record, which is the same while dvc.lock says the stage is up to date."""
+    cfg = saved_config(RUNS / "train" / name / "config.json")
+    if cfg is not None:
+        return cfg
+    run = runs(p).get(name)
+    if run is None:  # not a run of this matrix
+        return None
+    try:
+        return abconfig.from_dict(p["train"], [o.text for o in resolve(p, run, best_config(p))])
+    except (OSError, ValueError):  # a search record or data count it cannot read
+        return None
+
+
 def table2(done: dict[str, dict], p: dict) -> list[dict[str, Any]]:
     rows = []
     for name, s in done.items():
         if s["method"] not in abconfig.AB_METHODS:  # nothing factorised: no compression
             continue
         base = baseline(done, s)
-        cfg = saved_config(RUNS / "train" / name / "config.json")  # ECR* needs its schedule
+        cfg = run_config(p, name)  # ECR* needs its schedule
         c = s["compression_ratio"]
         rows.append(
             dict(

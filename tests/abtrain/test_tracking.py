@@ -73,7 +73,7 @@ def test_run_logs_params_tags_metrics_and_artifacts(tracked):
     from abtrain.tracking import flatten
 
     assert len(p) <= 20 and "tracking.uri" not in p and "dist.timeout_s" not in p
-    for key, value in flatten(cfg).items():
+    for key in flatten(cfg):
         if key.startswith("tracking.tags."):
             continue
         in_params = any(key == k or key.startswith(k + ".") for k in p)  # model.kwargs whole

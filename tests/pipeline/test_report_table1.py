@@ -66,3 +66,22 @@ def test_the_paper_scale_table_sets_predicted_gb_per_s_beside_table_1(monkeypatc
         else:  # the authors' SyncBatchNorm over the world costs AB more than per group
             assert ab_steps > 0 and group_bn < rate
     assert "Nothing is fitted" in " ".join(md)
+
+
+def test_ecr_star_needs_no_run_folder(tmp_path, monkeypatch):
+    """The run folders are not committed: on a clone without them the report's ECR* comes
+    from the config the train stage resolves, the same as the folder's config.json."""
+    from pipeline.common import params
+    from tests.conftest import ROOT
+
+    monkeypatch.chdir(ROOT)
+    p = params()
+    done = {
+        n: json.loads((tables.RESULTS / f"{n}.json").read_text()) for n in ("ddp-2x2", "ab-2x2")
+    }
+    monkeypatch.setattr(tables, "RUNS", tmp_path / "no-runs")
+    row = next(r for r in tables.table2(done, p) if r["run"] == "ab-2x2")
+    cfg = tables.run_config(p, "ab-2x2")
+    assert cfg.method == "ab" and cfg.steps == done["ab-2x2"]["steps"]
+    assert row["ecr_groups"] == pytest.approx(tables.ecr_groups(cfg)) and row["ecr_groups"] > 0
+    assert tables.run_config(p, "not-a-run") is None
