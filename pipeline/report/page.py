@@ -284,7 +284,7 @@ def verdict(
         )
     lengths = tables.lengths_study(p)
     if lengths:  # is the gap the method or the short training?
-        text.append(f"- {lengths['verdict'].rstrip('.')} (`reports/lengths/`).")
+        text.append(lengths_line(lengths["verdict"]))
     if shapes:
 
         def firsts(s: dict[str, Any]) -> str:
@@ -883,6 +883,11 @@ def seeds_section(studies: list[dict[str, Any]], study: dict[str, Any] | None) -
         + first,
         *seed_pairs(studies),
     ]
+
+
+def lengths_line(sentence: str) -> str:
+    """The length study's sentence (bench.lengths.verdict) as a line of the verdict."""
+    return f"- Over training length (`reports/lengths/`): {sentence[0].lower()}{sentence[1:]}"
 
 
 def lengths_section(p: dict[str, Any]) -> list[str]:
