@@ -5,4 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/python -m pytest -q --durations=25 "$@"
+# Two workers (pytest-xdist): the tests wait on processes, DVC, Slurm and servers for a
+# quarter of their time, so two share the two cores; each test file stays on one worker
+# (tests/conftest.py groups them), the longest first.
+.venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=25 "$@"

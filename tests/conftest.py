@@ -39,7 +39,11 @@ TINY = [
 
 # The test files (xdist groups) that take longest on 2 cores, longest first (pytest
 # --durations in CI): started first under `-n`, they end before the short ones do.
-LONGEST = ("slurm",)
+LONGEST = (
+    "slurm", "test_pipeline.py", "test_faults.py", "test_search.py", "test_train.py",
+    "test_tracking_lost.py", "test_batchnorm.py", "test_api.py", "test_tracking.py",
+    "test_lengths.py", "test_link_cut.py", "test_config.py",
+)  # fmt: skip
 
 
 def tiny_config(*overrides: str):
