@@ -7,5 +7,5 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check .
 # Two workers (pytest-xdist): the tests wait on processes, DVC, Slurm and servers for a
 # quarter of their time, so two share the two cores; each test file stays on one worker
-# (tests/conftest.py groups them), the longest first.
-.venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=25 "$@"
+# (its module fixtures built once), the longest files first (tests/conftest.py).
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=25 "$@"

@@ -37,12 +37,13 @@ TINY = [
 ]
 
 
-# The test files (xdist groups) that take longest on 2 cores, longest first (pytest
-# --durations in CI): started first under `-n`, they end before the short ones do.
+# The test files that take longest on 2 cores, longest first (pytest --durations in CI):
+# started first under `-n`, they end before the short ones do. test_slurm.py, which waits
+# for the paper miniature's Slurm cluster (tests/slurm_cluster.LOCK), comes later.
 LONGEST = (
-    "slurm", "test_pipeline.py", "test_faults.py", "test_search.py", "test_train.py",
+    "test_paper_mini.py", "test_pipeline.py", "test_faults.py", "test_search.py", "test_train.py",
     "test_tracking_lost.py", "test_batchnorm.py", "test_api.py", "test_tracking.py",
-    "test_lengths.py", "test_link_cut.py", "test_config.py",
+    "test_lengths.py", "test_slurm.py", "test_link_cut.py", "test_config.py",
 )  # fmt: skip
 
 
@@ -214,19 +215,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """For `-n N --dist loadgroup` (pytest-xdist; scripts/test.sh): a file's tests run on
-    one worker, so its module-scoped fixtures are built once, and every test of the local
-    Slurm cluster on one worker, so two clusters never run at once. The longest groups go
-    first, so that no worker is left with one at the end while the others wait."""
-    for item in items:
-        cluster = item.get_closest_marker("cluster") is not None
-        item.add_marker(pytest.mark.xdist_group("slurm" if cluster else item.path.name))
+    """For `-n N --dist loadfile` (pytest-xdist; scripts/test.sh), which gives each worker
+    whole test files in the order they come: the longest files first, so that no worker is
+    left with one at the end while the other waits."""
     first = {name: i for i, name in enumerate(LONGEST)}
-
-    def group(item) -> str:
-        return next(m.kwargs.get("name", m.args[0]) for m in item.iter_markers("xdist_group"))
-
-    items.sort(key=lambda item: first.get(group(item), len(first)))  # stable: else as found
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable
 
 
 def pytest_unconfigure(config):

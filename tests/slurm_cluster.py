@@ -4,11 +4,13 @@ down by the tests; only its own daemons are killed."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -87,9 +89,23 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP OverSubsc
     return conf
 
 
+# Held while a cluster is up: under pytest-xdist two test files may want one at once, and
+# two slurmd pairs on one machine share more than their ports (node names, /dev/shm)
+LOCK = Path(tempfile.gettempdir()) / "abtrain-slurm-cluster.lock"
+
+
 @contextmanager
 def local_cluster(d: Path):
-    """Yields the environment (SLURM_CONF) under which sbatch & co. reach the cluster."""
+    """Yields the environment (SLURM_CONF) under which sbatch & co. reach the cluster;
+    one cluster at a time on this machine (LOCK)."""
+    with LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        with _cluster(d) as env:
+            yield env
+
+
+@contextmanager
+def _cluster(d: Path):
     conf = write_conf(d)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     procs = [
