@@ -8,4 +8,4 @@ bash scripts/setup.sh
 # Two workers (pytest-xdist): the tests wait on processes, DVC, Slurm and servers for a
 # quarter of their time, so two share the two cores; each test file stays on one worker
 # (its module fixtures built once), the longest files first (tests/conftest.py).
-.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=25 "$@"
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"

@@ -215,9 +215,10 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """For `-n N --dist loadfile` (pytest-xdist; scripts/test.sh), which gives each worker
-    whole test files in the order they come: the longest files first, so that no worker is
-    left with one at the end while the other waits."""
+    """For `-n N --dist loadfile --no-loadscope-reorder` (pytest-xdist; scripts/test.sh),
+    which gives each worker whole test files in the order they come (without the flag,
+    the files with most tests first): the longest files first, so that no worker is left
+    with one at the end while the other waits."""
     first = {name: i for i, name in enumerate(LONGEST)}
     items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable
 
