@@ -42,33 +42,6 @@ class TrackingLost(TrackingError):
 UNSENT = "mlflow_unsent.jsonl"  # in the run folder: what a lost store did not get
 
 
-# The values that tell the runs of a comparison apart are MLflow params. MLflow's compare
-# view lists every param before the metrics, so the other config values (paths, tracking,
-# timeouts, loader workers, ...) go to tags `config.<key>`: listed below the metrics there,
-# searchable as tags; config.json, an artifact of the run, holds the whole config.
-PARAM_KEYS = (
-    "method", "seed", "steps", "batch_size", "model", "data.name", "optim.lr",
-    "optim.weight_decay", "ab.warmup_steps", "ab.ab_steps", "ab.rebound_steps",
-    "ab.lr_rebound_steps", "ab.sigma_cutoff", "ab.sync_mode", "ab.group_size",
-    "powersgd.rank", "powersgd.start_iter",
-)  # fmt: skip
-
-
-def params_and_tags(cfg: Config) -> tuple[dict[str, str], dict[str, str]]:
-    """The config as MLflow params (PARAM_KEYS; a model's kwargs as one JSON value, one row
-    of the compare view) and the rest as `config.<key>` tags."""
-    dump = cfg.dump()
-    if isinstance(dump["model"].get("kwargs"), dict):
-        dump["model"]["kwargs"] = json.dumps(dump["model"]["kwargs"], sort_keys=True)
-    params, tags = {}, {}
-    for k, v in flatten(dump).items():
-        if any(k == p or k.startswith(p + ".") for p in PARAM_KEYS):
-            params[k] = str(v)
-        else:
-            tags[f"config.{k}"] = str(v)
-    return params, tags
-
-
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out = {}
     for k, v in d.items():
@@ -363,14 +336,11 @@ class Tracker:
             self._send_kept()
         else:
             name = self._distinct(name, tags)
-            values, rest = params_and_tags(cfg)
             run = self.client.create_run(
-                self.experiment_id,
-                run_name=name,
-                tags=rest | {k: str(v) for k, v in tags.items()},
+                self.experiment_id, run_name=name, tags={k: str(v) for k, v in tags.items()}
             )
             self.run_id, self.run_name = run.info.run_id, name
-            params = [Param(k, v) for k, v in values.items()]
+            params = [Param(k, str(v)) for k, v in flatten(cfg.dump()).items()]
             for i in range(0, len(params), 100):
                 self.client.log_batch(self.run_id, params=params[i : i + 100])
             if dataset is not None:

@@ -67,18 +67,6 @@ def test_run_logs_params_tags_metrics_and_artifacts(tracked):
     assert p["method"] == "ab" and p["ab.sigma_cutoff"] == "0.15" and p["model.width"] == "64"
     assert p["steps"] == "40" and p["data.name"] == "synthetic"
     t = run.data.tags
-    # the values that tell runs apart as params, few enough that MLflow's compare view
-    # reaches the metrics on its first screen; every other value a `config.` tag
-    cfg = json.loads((d / "ab" / "config.json").read_text())
-    from abtrain.tracking import flatten
-
-    assert len(p) <= 20 and "tracking.uri" not in p and "dist.timeout_s" not in p
-    for key in flatten(cfg):
-        if key.startswith("tracking.tags."):
-            continue
-        in_params = any(key == k or key.startswith(k + ".") for k in p)  # model.kwargs whole
-        assert in_params or f"config.{key}" in t, key
-    assert t["config.tracking.uri"] == cfg["tracking"]["uri"]
     assert t["method"] == "ab" and t["world_size"] == "2" and t["nodes"] == "2"
     assert t["ranks_per_node"] == "1" and t["batch_size"] == "16" and t["global_batch"] == "32"
     assert t["scale"] == "2x1" and t["batch"] == "local"  # tracking.tags
