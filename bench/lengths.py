@@ -443,13 +443,12 @@ def write(data: dict[str, Any], out: Path) -> None:
     atomic_write_text(out / "README.md", markdown(data))
 
 
-def render(p: dict[str, Any], out: Path) -> dict:
+def render(out: Path) -> dict:
     """The page, figure and verdict again from a committed lengths.json, whose rows hold
     every figure they need: run folders stay on the machine that trained them."""
     data = json.loads((out / "lengths.json").read_text())
     data["summary"] = summarize(data["runs"])
     data["verdict"] = verdict(data["summary"])
-    data.setdefault("model", p["train"]["model"])
     write(data, out)
     return data
 
@@ -509,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = params()
     if a.render:
-        print(render(p, a.out)["verdict"])
+        print(render(a.out)["verdict"])
         return 0
     lengths, seeds, methods = tuple(a.epochs), tuple(a.seeds), tuple(a.methods)
     runs = plan(p, best_config(p), lengths, seeds, methods, a.runs_dir, shape)

@@ -77,7 +77,7 @@ def test_the_committed_verdict_is_made_from_the_studys_files():
     data = json.loads(path.read_text())
     assert data["verdict"] == lengths.verdict(data["summary"])
     assert data["verdict"] in (ROOT / "reports" / "lengths" / "README.md").read_text()
-    # and the verdict at the top of the report and the README says it (less its full stop)
+    # and the verdict at the top of the report and the README says it
     for page in (ROOT / "reports" / "README.md", ROOT / "README.md"):
         assert lengths_line(data["verdict"]) in page.read_text().splitlines(), page
 
