@@ -107,7 +107,7 @@ def run_local(
     did not answer, and where the logs are; its exit code is that rank's (3: the tracking
     store was lost), not torchrun's 1.
     """
-    why = refusal(args)
+    why = refusal(args, nnodes * nproc_per_node, nproc_per_node)
     if why is not None:
         print(f"error: {why}", file=sys.stderr, flush=True)
         return 2
@@ -271,16 +271,19 @@ def _rank_exit_code(log: Path) -> int | None:
     return root[1] if root and root[1] > 0 else None
 
 
-def refusal(args: Sequence[str]) -> str | None:
-    """Why `python -m abtrain ARGS` would be refused before training, said once here in one
-    line rather than by every rank after torchrun started them all: arguments the command
-    doesn't take, a `train` whose config can't be read or is invalid, or whose model leaves
-    its AB method no layer to factorise. None when it may start, or when it can't be told
-    here (a model that doesn't build in this process: the ranks report that themselves)."""
+def refusal(args: Sequence[str], world_size: int, ranks_per_node: int) -> str | None:
+    """Why `python -m abtrain ARGS` on `world_size` ranks would be refused before training,
+    said once here in one line rather than by every rank after torchrun started them all:
+    arguments the command doesn't take, a `train` whose config can't be read or is invalid,
+    whose method can't form its groups on this world or whose global batch exceeds the
+    training set (the checks each rank makes again), or whose model leaves its AB method no
+    layer to factorise. None when it may start, or when it can't be told here (a model that
+    doesn't build in this process: the ranks report that themselves)."""
     # imported here: the launcher needs torch only to build the model it checks
     from abtrain.__main__ import build_parser
-    from abtrain.check import refuse_unfactorisable
+    from abtrain.check import check_batch, refuse_unfactorisable
     from abtrain.config import ConfigError, load, one_line
+    from abtrain.methods import check_world
 
     class Refusing(argparse.ArgumentParser):  # argparse's error as a value, not an exit
         def error(self, message: str) -> typing.NoReturn:
@@ -290,12 +293,14 @@ def refusal(args: Sequence[str]) -> str | None:
         ns = build_parser(Refusing).parse_args(list(args))
         if ns.command == "train":
             cfg = load(ns.config, ns.overrides)
+            check_world(cfg, world_size, ranks_per_node)
             refuse_unfactorisable(cfg)
             if cfg.data.name != "synthetic":  # else every rank fails on it after starting
                 from abtrain.tasks import unprepared
 
                 if (why := unprepared(cfg.data)) is not None:
                     raise ConfigError(f"data.prepared: {why}")
+            check_batch(cfg, world_size)
             if cfg.tracking.enabled:
                 from abtrain.tracking import damaged_store, default_uri
 
@@ -433,13 +438,35 @@ def _stop(procs: list[subprocess.Popen], hung: Sequence[int] = ()) -> None:
             p.wait()
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's error as one line and exit code 2, as the launcher's other refusals (not
+    the usage text above it)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        print(f"error: {self.prog}: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def _count(least: int) -> typing.Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is below {least}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m abtrain.launch")
-    parser.add_argument("--nnodes", type=int, default=1)
-    parser.add_argument("--nproc-per-node", type=int, default=1)
+    parser = _OneLineParser(prog="python -m abtrain.launch")
+    parser.add_argument("--nnodes", type=_count(1), default=1)
+    parser.add_argument("--nproc-per-node", type=_count(1), default=1)
     parser.add_argument(
         "--max-restarts",
-        type=int,
+        type=_count(0),
         default=0,
         help="torchrun restarts every rank this many times after a failure; each restart "
         "resumes from the last checkpoint",

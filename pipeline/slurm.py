@@ -171,7 +171,9 @@ def search_script(
 
 
 def submit(script_text: str, out: Path, name: str) -> int:
-    """Submit and wait; a failed job names its id and shows the end of its log."""
+    """Submit and wait. A failed job ends in one line: its id, the cause the first failing
+    rank gave (or the exit code) and the log that holds the rest, torchrun's tracebacks
+    included."""
     out.mkdir(parents=True, exist_ok=True)
     script = out / "job.sbatch"
     atomic_write_text(script, script_text)
@@ -181,21 +183,31 @@ def submit(script_text: str, out: Path, name: str) -> int:
     job = proc.stdout.strip().split(";")[0] or "?"
     if proc.returncode:
         logs = sorted(out.glob(f"slurm-{job}.log")) or sorted(out.glob("slurm-*.log"))
-        lines = logs[-1].read_text().splitlines() if logs else []
-        failed = re.compile(r"^(error:|\[abtrain\] rank \d+ .*failed)")  # a rank that failed
-        hits = [i for i, line in enumerate(lines) if failed.match(line)] or [
-            i for i, line in enumerate(lines) if line.startswith(("error:", "[abtrain]"))
-        ]
-        first = [line for i in hits[:3] for line in lines[i : i + 3]]  # what the ranks said
+        lines = logs[-1].read_text(errors="replace").splitlines() if logs else []
+        where = f"its log: {logs[-1]}" if logs else f"no log in {out}"
         print(
-            f"error: SLURM job {job} ({name}) failed with exit code {proc.returncode}. "
-            f"{proc.stderr.strip()}\n--- its log {logs[-1] if logs else '(none)'}: first "
-            "errors ---\n" + "\n".join(first) + "\n--- end ---\n" + "\n".join(lines[-20:]),
+            f"error: SLURM job {job} ({name}) failed with exit code {proc.returncode}: "
+            f"{job_cause(lines) or _last(proc.stderr) or 'no rank said why'}; {where}",
             file=sys.stderr,
         )
         return proc.returncode or 1
     print(f"[pipeline] SLURM job {job} ({name}) completed", flush=True)
     return 0
+
+
+def job_cause(lines: list[str]) -> str | None:
+    """The first failure a rank gave in a job's log (abtrain's one-line error, or
+    `[abtrain] rank N (node M) failed: ...`; srun labels lines `0: `), or None."""
+    for line in lines:
+        text = re.sub(r"^\s*\d+: ", "", line)  # srun --label
+        if text.startswith("error: ") or re.match(r"\[abtrain\] rank \d+ .*failed", text):
+            return text.removeprefix("error: ").removeprefix("[abtrain] ")
+    return None
+
+
+def _last(text: str) -> str:
+    """The last non-empty line of `text` (sbatch's own refusal), or ''."""
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
 
 
 def run_search(p: dict[str, Any], args: list[str], out: Path) -> int:
@@ -215,10 +227,19 @@ def run_search(p: dict[str, Any], args: list[str], out: Path) -> int:
 
 
 def run_slurm(p: dict[str, Any], run: Any, args: list[str], out: Path) -> int:
+    """Train `run` as one SLURM job. What the ranks would refuse (a bad value, a world its
+    groups or batch don't fit, data not prepared) is refused here, in one line before any
+    job is queued, as the local launcher does."""
+    from abtrain.launch import refusal
+
     try:
         text = train_script(
             p["experiments"]["slurm"], run.nodes, run.ranks_per_node, args, out.resolve(), run.name
         )
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
+    world = run.nodes * run.ranks_per_node
+    if (why := refusal(args, world, run.ranks_per_node)) is not None:
+        print(f"error: {why}", file=sys.stderr, flush=True)
+        return 2
     return submit(text, out, run.name)

@@ -356,6 +356,39 @@ def test_the_launcher_refuses_a_bad_value_in_one_line_before_any_torchrun(tmp_pa
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "shape, bad, said",
+    [
+        (["--nnodes=0"], [], "argument --nnodes: 0 is below 1"),
+        (["--nproc-per-node=x"], [], "argument --nproc-per-node: 'x' is not a whole number"),
+        (["--max-restarts=-1"], [], "argument --max-restarts: -1 is below 0"),
+        # what only the world shows: AB's groups on one node, a global batch over the data
+        (["--nnodes=1", "--nproc-per-node=2"], ["method=ab"], "gives 1 group on 2 ranks"),
+        (
+            ["--nnodes=2", "--nproc-per-node=1"],
+            ["batch_size=1500"],
+            "global batch of 3000, more than the 2000 training samples",
+        ),
+    ],
+    ids=["nnodes", "nproc", "restarts", "groups", "global-batch"],
+)
+def test_the_launcher_refuses_its_own_arguments_and_the_worlds_misfits_in_one_line(
+    tmp_path, shape, bad, said
+):
+    """Once each, before torchrun: not a usage text or a ZeroDivisionError, not each rank
+    saying it and the launcher then calling a rank silent; no run folder written."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "abtrain.launch", *shape, "train"]
+    cmd += ["--config", str(PARAMS), "--out", str(out)]
+    for o in [*TINY, *bad]:
+        cmd += ["--set", o]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], lines
+    assert not out.exists()
+
+
 def node_processes(out: Path, node: int) -> list[int]:
     """The processes of one node of the run: its torchrun and its ranks."""
     found = []

@@ -436,8 +436,10 @@ def test_a_model_without_a_linear_or_conv2d_is_refused(model, why):
     assert check_model(tiny_config("method=ddp"), model)
 
 
-def test_train_and_the_launcher_refuse_it_before_any_process_starts(monkeypatch, capsys):
+def test_train_and_the_launcher_refuse_it_before_any_process_starts(monkeypatch, capsys, tmp_path):
     import abtrain.__main__ as cli
+
+    unused = str(tmp_path / "unused")
 
     def started(*a, **k):
         raise AssertionError("started")
@@ -446,20 +448,21 @@ def test_train_and_the_launcher_refuse_it_before_any_process_starts(monkeypatch,
     monkeypatch.setattr(launch.subprocess, "Popen", started)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    args = ["train", "--config", str(PARAMS), *sets(*TINY, MLP1), "--out", "unused"]
+    args = ["train", "--config", str(PARAMS), *sets(*TINY, MLP1), "--out", unused]
     assert main(args) == 2
     assert capsys.readouterr().err.startswith("error: model mlp: no layer for ab")
     assert launch.run_local(2, 1, args) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith("error: model mlp: no layer for ab")
     bad = ["train", "--config", str(PARAMS), *sets(*TINY, "ab.full_rank_layers=[nope]")]
-    assert launch.run_local(2, 1, [*bad, "--out", "unused"]) == 2
+    assert launch.run_local(2, 1, [*bad, "--out", unused]) == 2
     assert "ab.full_rank_layers: 'nope' names no layer" in capsys.readouterr().err
     # what may start is let through, and so is a model this process can't build
-    ok = ["train", "--config", str(PARAMS), *sets(*TINY), "--out", "unused"]
-    assert launch.refusal(ok) is None and launch.refusal(["check", *ok[1:-2]]) is None
+    ok = ["train", "--config", str(PARAMS), *sets(*TINY), "--out", unused]
+    assert launch.refusal(ok, 2, 1) is None
+    assert launch.refusal(["check", *ok[1:-2]], 2, 1) is None
     elsewhere = "model={name: python, factory: 'not_here:f', kwargs: {}, init: default}"
-    assert launch.refusal([*ok[:-2], *sets(elsewhere), "--out", "unused"]) is None
+    assert launch.refusal([*ok[:-2], *sets(elsewhere), "--out", unused], 2, 1) is None
 
 
 RESNET18 = "model={name: timm, arch: resnet18, kwargs: {}, init: default}"

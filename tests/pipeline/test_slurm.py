@@ -86,14 +86,23 @@ def test_two_node_ab_job_completes_with_two_node_traffic(in_cluster, tmp_path):
 
 @pytest.mark.cluster
 @pytest.mark.multiprocess
-def test_failing_job_fails_the_stage_with_job_id_and_log_tail(in_cluster, tmp_path, capsys):
+def test_a_failing_job_ends_in_one_line_naming_the_job_the_cause_and_its_log(
+    in_cluster, tmp_path, capsys
+):
+    """A model only the ranks find they can't build: the stage's last word is one line (job,
+    cause, log); torchrun's tracebacks stay in the job's log."""
     run = Run("bad", "ab", nodes=2, ranks_per_node=1, batch="local")
     out = tmp_path / "bad"
-    code = slurm.run_slurm(p_with(), run, train_args(out, "ab.sigma_cutoff=3"), out)
+    broken = "model={name: python, factory: 'not_here:f', kwargs: {}, init: default}"
+    code = slurm.run_slurm(p_with(), run, train_args(out, broken), out)
     err = capsys.readouterr().err
     assert code != 0
-    assert re.search(r"SLURM job \d+ \(bad\) failed", err)
-    assert "ab.sigma_cutoff" in err  # the end of the job's log
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert re.match(r"error: SLURM job \d+ \(bad\) failed with exit code \d+: rank \d", lines[0])
+    log = next(out.glob("slurm-*.log"))
+    assert "not_here" in lines[0] and lines[0].endswith(f"its log: {log}")
+    assert "Traceback" in log.read_text()
 
 
 @pytest.mark.cluster

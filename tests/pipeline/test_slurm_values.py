@@ -65,3 +65,19 @@ def test_good_values_make_one_directive_a_line():
     directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert "#SBATCH --partition=gpu" in directives
     assert "#SBATCH --cpus-per-task=4" in directives
+
+
+def test_a_bad_value_is_refused_before_any_job_is_queued(tmp_path, capsys):
+    """What every rank would refuse (here AB's groups on a world of one node) is said once,
+    by the stage, without sbatch: no job waits in a queue to fail."""
+    from tests.conftest import PARAMS, TINY
+
+    out = tmp_path / "run"
+    args = ["train", "--config", str(PARAMS), "--out", str(out)]
+    for o in [*TINY, "method=ab"]:
+        args += ["--set", o]
+    run = Run("one-node", "ab", nodes=1, ranks_per_node=2, batch="local")
+    assert slurm.run_slurm({"experiments": {"slurm": SETTINGS}}, run, args, out) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "gives 1 group on 2 ranks" in err[0], err
+    assert not out.exists()  # no batch script, no folder
