@@ -7,6 +7,16 @@ import sys
 import time
 
 
+def duration(seconds: float) -> str:
+    """A span of time as people read it: 4 s, 3m05s, 2h07m (every progress line and ETA)."""
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 class Progress:
     def __init__(self, rank: int, steps: int) -> None:
         self.rank, self.steps = rank, steps

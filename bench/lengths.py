@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain.files import atomic_write_text
+from abtrain.progress import duration
 from bench.network import step_times
 
 # 1 to 16 epochs spans the 16x the question needs and fits ~1.5 h of 2 cores (2 to 32 epochs
@@ -87,11 +88,6 @@ def estimate(p: dict[str, Any], runs: list[dict[str, Any]], results: Path) -> li
         wall = json.loads((results / f"{r['name']}.json").read_text())["wall_seconds"]
         out.append(LAUNCH_SECONDS + wall * r["epochs"] / base)
     return out
-
-
-def duration(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def progress(k: int, n: int, r: dict[str, Any], elapsed: float, predicted: list[float]) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 
 from abtrain import config as abconfig
 from abtrain.files import atomic_write_text
+from abtrain.progress import duration
 from bench.cluster import Cluster, tbf_burst
 
 RESULTS = Path("bench/results")
@@ -197,20 +198,15 @@ def progress_line(
     finished = k if result else k - 1
     if finished and predicted:
         left = sum(predicted[finished:]) * elapsed / max(1e-9, sum(predicted[:finished]))
-        eta = _minutes(left)
+        eta = duration(left)
     else:
-        eta = f"{_minutes(elapsed / finished * (n - finished))}" if finished else "?"
+        eta = f"{duration(elapsed / finished * (n - finished))}" if finished else "?"
     if result is None:
-        return f"[bench.network] run {k} of {n} started: {where}; elapsed {_minutes(elapsed)}, ETA {eta}"
+        return f"[bench.network] run {k} of {n} started: {where}; elapsed {duration(elapsed)}, ETA {eta}"
     return (
         f"[bench.network] run {k} of {n} finished: {where} in {result['wall_seconds']:.0f} s, "
-        f"best top-1 {result['val_top1']['best']:.2f}%; elapsed {_minutes(elapsed)}, ETA {eta}"
+        f"best top-1 {result['val_top1']['best']:.2f}%; elapsed {duration(elapsed)}, ETA {eta}"
     )
-
-
-def _minutes(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s} s"
 
 
 def parse_shapes(a: argparse.Namespace) -> list[tuple[int, int, list[str | None]]]:
@@ -384,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = estimate(runs, a)
         for k, ((n, r, rate, m), s) in enumerate(zip(runs, seconds), 1):
             print(f"run {k:>2} of {len(runs)}: {n}x{r} {rate or 'unshaped':>9} {m:<12} ~{s:5.0f} s")
-        print(f"predicted wall time: {_minutes(sum(seconds))} for {len(runs)} runs")
+        print(f"predicted wall time: {duration(sum(seconds))} for {len(runs)} runs")
         return 0
     if a.merge:  # before hours of runs, not after
         for nodes, ranks, rates in shapes:

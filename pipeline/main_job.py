@@ -13,15 +13,10 @@ import subprocess
 import sys
 import time
 
+from abtrain.progress import duration
+
 RUNNING = re.compile(r"Running stage '([^']+)'")
 SKIPPED = re.compile(r"Stage '([^']+)' didn't change, skipping")
-
-
-def duration(seconds: float) -> str:
-    s = int(round(seconds))
-    return (
-        f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-    )
 
 
 def timed(command: list[str]) -> tuple[int, list[tuple[str, float]], int, float]:

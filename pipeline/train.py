@@ -19,6 +19,7 @@ from typing import Any
 from abtrain import config as abconfig
 from abtrain.files import atomic_write_text
 from abtrain.launch import run_local
+from abtrain.progress import duration
 from pipeline.common import (
     PARAMS,
     RUNS,
@@ -182,10 +183,6 @@ def runs_left(p: dict, matrix: dict[str, Run], name: str, best: dict | None) -> 
         f"{head}, about {duration(left * mean)} of training (launches not counted) at the "
         f"pace of the {len(walls)} finished ({duration(mean)} each on average)"
     )
-
-
-def duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def main(name: str) -> int:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
-from search import objective, progress, record, space
+from abtrain.progress import duration
+from search import objective, record, space
 
 
 class Context:
@@ -90,11 +91,11 @@ class Context:
         elapsed = time.time() - self.session_start
         session_done = len(rows) - self.done_before
         left = max(0, self.total - len(rows))
-        eta = progress.duration(elapsed / session_done * left) if session_done > 0 else "?"
+        eta = duration(elapsed / session_done * left) if session_done > 0 else "?"
         print(
             f"evaluation {len(rows)} of {self.total} ({tag}): {outcome.status}, error "
             f"{outcome.error:.2f}% ({best}) after {len(outcome.errors)} validation(s) in "
-            f"{progress.duration(seconds)}; elapsed {progress.duration(elapsed)}, ETA {eta}",
+            f"{duration(seconds)}; elapsed {duration(elapsed)}, ETA {eta}",
             flush=True,
         )
 

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from abtrain import config as abconfig
+from abtrain.progress import duration
 from search import objective, progress, record, space
 from search.context import Context, search_base
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"best error {best['error']:.2f}% (median {best['median_error']:.2f}%) after "
                 f"{best['evaluations']} evaluations in "
-                f"{progress.duration(time.time() - ctx.session_start)}: "
+                f"{duration(time.time() - ctx.session_start)}: "
                 f"{' '.join(best['overrides'])}",
                 flush=True,
             )

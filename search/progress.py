@@ -66,13 +66,3 @@ def tagged(tag: str) -> Iterator[None]:
         out.close_line()
         err.close_line()
         sys.stdout, sys.stderr = saved
-
-
-def duration(seconds: float) -> str:
-    """4 s, 3m05s, 2h07m."""
-    s = int(round(max(0.0, seconds)))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"

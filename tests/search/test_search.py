@@ -238,6 +238,32 @@ def test_a_row_torn_by_a_crash_is_cut_off_on_resume_and_every_finished_row_kept(
     assert best["error"] == min(r["error"] for r in rows if r["status"] == "ok")
 
 
+@pytest.mark.multiprocess
+def test_a_checkpoint_without_one_workers_individuals_resumes_to_its_budget(tmp_path):
+    """Killed after Propulate's first dump but before the dumping worker had received the
+    other worker's results: the checkpoint holds one worker's individuals only, as such a
+    kill leaves it. Propulate alone fails that worker on max() of an empty sequence (and the
+    other waits for it); the search gives it a stand-in and runs to its budget."""
+    import pickle
+
+    out, db = tmp_path / "search", tmp_path / "mlflow.db"
+    budget = 6
+    cmd = search_cmd(out, db, "propulate", budget, "--set", "train.tracking.enabled=false")
+    ckpt = out / "checkpoints" / "island_0_ckpt.pickle"
+    kill_after(cmd, out, rows=1, also=ckpt)
+    population = pickle.loads(ckpt.read_bytes())
+    kept = population[0].rank
+    ckpt.write_bytes(pickle.dumps([ind for ind in population if ind.rank == kept]))
+
+    resumed = run(cmd + ["--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"no individual of island 0's worker(s) {1 - kept} yet" in resumed.stdout
+    rows = record.evaluations(out)
+    assert len(rows) >= budget
+    best = json.loads((out / "best.json").read_text())
+    assert best["error"] == min(r["error"] for r in rows if r["status"] == "ok")
+
+
 @pytest.mark.pipeline  # the search stage, as dvc runs it: mpirun on this machine
 @pytest.mark.multiprocess
 def test_the_stage_keeps_a_search_it_cannot_resume_and_moves_aside_one_with_other_settings(
