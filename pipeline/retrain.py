@@ -1,7 +1,8 @@
 """`python -m pipeline.retrain NAME`: train one run of the matrix again, from scratch, and
 nothing else. Its folder (runs/train/NAME, every seed's) is moved aside to a timestamped
-sibling, which nothing deletes, then DVC runs that one stage (`dvc repro --single-item
---force train@NAME`): no search reruns, no other run is retrained or made stale, and the
+sibling, which nothing deletes, then DVC prepares the data if it isn't yet (`dvc repro
+prepare`, as on a fresh clone) and runs that one stage (`dvc repro --single-item --force
+train@NAME`): no search reruns, no other run is retrained or made stale, and the
 run's results/, plots/ and metrics/ files and its lines in dvc.lock are rewritten. The
 report then differs from the run's new files until `dvc repro report` (or `dvc repro`).
 
@@ -32,8 +33,11 @@ def main(name: str) -> int:
     if folder.exists():
         print(f"[pipeline] {folder} moved to {move_aside(folder)}; training {name} afresh")
     dvc = os.path.join(os.path.dirname(sys.executable), "dvc")
-    command = [dvc if os.path.exists(dvc) else "dvc", "repro", "--single-item", "--force"]
-    return subprocess.run([*command, f"train@{name}"]).returncode
+    dvc = dvc if os.path.exists(dvc) else "dvc"
+    # the data the run reads (a fresh clone has none yet); a no-op once it is prepared
+    if code := subprocess.run([dvc, "repro", "prepare"]).returncode:
+        return code
+    return subprocess.run([dvc, "repro", "--single-item", "--force", f"train@{name}"]).returncode
 
 
 if __name__ == "__main__":

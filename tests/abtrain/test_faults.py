@@ -403,16 +403,18 @@ def node_processes(out: Path, node: int) -> list[int]:
     return found
 
 
-def test_a_node_that_stops_answering_ends_the_run_within_the_timeout_naming_it(tmp_path):
-    """Node 1 frozen (SIGSTOP: a hung machine): node 0's ranks give up at the collective
-    timeout; the launcher then kills node 1 at once and its last line names it."""
+@pytest.mark.parametrize("node", [1, 0], ids=["node1", "node0-the-store"])
+def test_a_node_that_stops_answering_ends_the_run_within_the_timeout_naming_it(tmp_path, node):
+    """A node frozen (SIGSTOP: a hung machine), node 0 being the one whose torchrun holds
+    the rendezvous store: the other node's ranks give up at the collective timeout; the
+    launcher then kills the frozen node at once and its last line names it."""
     timeout = 10
     first = start(
         tmp_path, *DDP, "steps=100000", "checkpoint_every=10", f"dist.timeout_s={timeout}"
     )
     try:
         wait_for(tmp_path / "checkpoints" / "LATEST", first)
-        frozen = node_processes(tmp_path, 1)
+        frozen = node_processes(tmp_path, node)
         assert len(frozen) == 2  # its torchrun and its rank
         t0 = time.monotonic()
         for pid in frozen:
@@ -423,9 +425,9 @@ def test_a_node_that_stops_answering_ends_the_run_within_the_timeout_naming_it(t
         last = text.strip().splitlines()[-1]
         assert first.returncode not in (0, None)
         assert last.startswith("[abtrain.launch] error: rank "), last
-        assert "node 1 did not answer" in last and f"{tmp_path}/logs/node-*.log" in last
+        assert f"node {node} did not answer" in last and f"{tmp_path}/logs/node-*.log" in last
         assert "Traceback" not in text  # the tracebacks are in the logs
-        assert "Traceback" in (tmp_path / "logs" / "node-0.log").read_text()
+        assert "Traceback" in (tmp_path / "logs" / f"node-{1 - node}.log").read_text()
         assert took < timeout + 15, took  # the timeout, the grace, and the kill
         assert gone(tmp_path, 30) == [], "processes of the run alive after the end"
     finally:
