@@ -1,5 +1,5 @@
-"""Is it the method or the short training? The default profile's ddp, ab and powersgd (and
-ab_powersgd on request) at several training lengths, several seeds each: AB's gap to DDP, its
+"""Is it the method or the short training? The default profile's ddp, ab, powersgd and
+ab_powersgd at several training lengths, several seeds each: AB's gap to DDP, its
 compression and its traffic over length.
 
     python -m bench.lengths --dry-run       # the runs and their estimated time; trains nothing
@@ -12,7 +12,10 @@ into overrides by pipeline.common with `experiments.epochs` set to the length: i
 the schedule's fractions of them, the search's best values, the run's own `set`), at
 `seed=S`, evaluated EVALUATIONS times, tracking off; launched as the pipeline launches it.
 A run folder holding a summary.json is read, not trained again; one without is resumed
-from its last checkpoint (the launcher's own resume). Seeds go seed by seed within a
+from its last checkpoint (the launcher's own resume). A run whose folder is gone but whose
+row the committed lengths.json holds (made with the same model, shape and evaluations) is
+taken from there: run folders stay on the machine that trained them, so a clone adds a
+method or a seed by training only those runs. Seeds go seed by seed within a
 length, shortest length first, so a study cut short has whole ddp/method pairs.
 
 Writes reports/lengths/lengths.json (every run's figures and the summary), README.md and
@@ -36,11 +39,11 @@ from abtrain.files import atomic_write_text
 from abtrain.progress import duration
 from bench.network import step_times
 
-# 1 to 16 epochs spans the 16x the question needs and fits ~1.5 h of 2 cores (2 to 32 epochs
-# of the four methods would take ~5 h); ab_powersgd is left to --methods for the same reason.
+# 1 to 16 epochs spans the 16x the question needs; with the four methods it fits ~2.1 h of 2
+# cores (2 to 32 epochs would take ~5 h).
 LENGTHS = (1, 4, 16)  # epochs of the profile's training set
 SEEDS = (3, 3, 2)  # per length: seeds train.seed, +1, ...
-METHODS = ("ddp", "ab", "powersgd")  # ddp first: the baseline
+METHODS = ("ddp", "ab", "powersgd", "ab_powersgd")  # ddp first: the baseline
 SHAPE = (2, 2)  # nodes x ranks per node, the matrix's main scale
 EVALUATIONS = 8  # per run: enough points for the time to a target
 RUNS_DIR = Path("runs/lengths")
@@ -90,6 +93,24 @@ def estimate(p: dict[str, Any], runs: list[dict[str, Any]], results: Path) -> li
     return out
 
 
+def recorded(out: Path, p: dict[str, Any], shape: tuple[int, int]) -> dict[tuple, dict]:
+    """The rows of the committed study in `out` by (epochs, seed, method), if it was made
+    with this profile's model, `shape` and EVALUATIONS (else none: its runs differ)."""
+    path = out / "lengths.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    same = (data.get("model"), data.get("shape"), data.get("evaluations"))
+    if same != (p["train"]["model"], list(shape), EVALUATIONS):
+        return {}
+    return {key(r): r for r in data["runs"]}
+
+
+def key(r: dict[str, Any]) -> tuple[int, int, str]:
+    """A run of the study, in the plan or as a row."""
+    return r["epochs"], r["seed"], r["method"]
+
+
 def progress(k: int, n: int, r: dict[str, Any], elapsed: float, predicted: list[float]) -> str:
     """`run 3 of 30: ab-2x2 at 8 epochs, seed 1; elapsed 4m10s, ETA 1h05m`: the runs left
     as predicted, scaled by how the finished ones compared with their prediction."""
@@ -102,13 +123,19 @@ def progress(k: int, n: int, r: dict[str, Any], elapsed: float, predicted: list[
     )
 
 
-def train(runs: list[dict[str, Any]], predicted: list[float]) -> None:
+def train(
+    runs: list[dict[str, Any]], predicted: list[float], rows: dict[tuple, dict] | None = None
+) -> None:
+    """Train every run of the plan not finished in its folder nor recorded in `rows`."""
     from bench.seeds import command
 
     t0, trained = time.monotonic(), 0.0
     for k, r in enumerate(runs, 1):
-        if (r["out"] / "summary.json").exists():
-            print(f"[bench.lengths] run {k} of {len(runs)}: {r['out']} finished, read", flush=True)
+        if (r["out"] / "summary.json").exists() or key(r) in (rows or {}):
+            where = r["out"] if (r["out"] / "summary.json").exists() else "lengths.json"
+            print(
+                f"[bench.lengths] run {k} of {len(runs)}: finished, read from {where}", flush=True
+            )
             predicted[k - 1] = 0.0  # no time of this session
             continue
         print(progress(k, len(runs), r, trained, predicted), flush=True)
@@ -134,12 +161,15 @@ def kept_fraction(out: Path) -> list[tuple[int, float]]:
     return [(step, k / f) for step, (k, f) in sorted(by.items())]
 
 
-def collect(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per finished run: its figures, curve, step times and compression over steps."""
+def collect(runs: list[dict[str, Any]], recorded: dict[tuple, dict] | None = None) -> list[dict]:
+    """One row per finished run: its figures, curve, step times and compression over steps;
+    from its folder, or else as `recorded` (the committed study's row)."""
     rows = []
     for r in runs:
         path = r["out"] / "summary.json"
         if not path.exists():
+            if key(r) in (recorded or {}):
+                rows.append(recorded[key(r)])
             continue
         s = json.loads(path.read_text())
         rows.append(
@@ -211,7 +241,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def time_to_target(p: dict[str, Any], rows: list[dict[str, Any]], epochs: int) -> dict | None:
+def time_to_target(
+    rows: list[dict[str, Any]], epochs: int, runs: list[dict[str, Any]]
+) -> dict | None:
     """At `epochs` (first seed's runs): the target, the lowest best top-1 smoothed as
     bench.rates smooths it, and each method's predicted seconds to it over each of the
     benchmark's links (abtrain.plan.ToTarget, the project's one time model; these runs
@@ -222,15 +254,15 @@ def time_to_target(p: dict[str, Any], rows: list[dict[str, Any]], epochs: int) -
     from bench.rates import best, reach
 
     first = min(r["seed"] for r in rows if r["epochs"] == epochs)
-    runs = [r for r in rows if r["epochs"] == epochs and r["seed"] == first]
-    if not runs:
+    mine = [r for r in rows if r["epochs"] == epochs and r["seed"] == first]
+    if not mine:
         return None
-    target = min(best(r["evals"]) for r in runs)
+    target = min(best(r["evals"]) for r in mine)
+    sets = {key(r): r["sets"] for r in runs}  # each run's config, as it was launched
     found: dict[str, dict[str, float | None]] = {}
-    for r in runs:
+    for r in mine:
         got = reach(r["evals"], target)
-        sets = json.loads((Path(r["folder"]) / "config.json").read_text())
-        cfg = abconfig.from_dict(sets, [])
+        cfg = abconfig.load(Path("params.yaml"), sets[key(r)])
         shape = (r["nodes"], r["ranks_per_node"])
         model = ToTarget(cfg, *shape, classes(cfg), r, got["step"]) if got else None
         found[r["method"]] = {
@@ -240,6 +272,20 @@ def time_to_target(p: dict[str, Any], rows: list[dict[str, Any]], epochs: int) -
             for rate in RATES
         }
     return dict(epochs=epochs, seed=first, target_top1=target, seconds=found)
+
+
+def timed_together(
+    rows: list[dict[str, Any]], recorded_rows: dict[tuple, dict]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows whose times compare, and the methods left out: a study continued in a
+    later session mixes two machines' (or two loads') step times, which a time to target
+    must not set side by side. The runs trained now if ddp is among them, else the recorded
+    ones."""
+    fresh = [r for r in rows if key(r) not in recorded_rows]
+    old = [r for r in rows if key(r) in recorded_rows]
+    pick = fresh if not old or any(r["method"] == "ddp" for r in fresh) else old
+    left = {r["method"] for r in rows} - {r["method"] for r in pick}
+    return pick, [m for m in dict.fromkeys(r["method"] for r in rows) if m in left]
 
 
 def classes(cfg: Any) -> int:
@@ -414,6 +460,13 @@ def markdown(data: dict[str, Any]) -> str:
         for m, by in tt["seconds"].items():
             cells = [f"{by[r or 'unshaped']:.0f}" if by[r or "unshaped"] else "—" for r in RATES]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        if tt.get("left_out"):
+            lines += [
+                "",
+                f"Not in this table: {', '.join(tt['left_out'])}, whose runs were trained in "
+                "another session than ddp's, on a machine whose speed differed; step times of "
+                "two sessions do not compare.",
+            ]
     lines += [
         "",
         "Δ: best top-1 minus DDP's at the same seed, mean ± sample sd over the seeds. "
@@ -456,10 +509,19 @@ def report(
     command: str,
     runs_dir: Path,
     shape: tuple[int, int] = SHAPE,
+    recorded_rows: dict[tuple, dict] | None = None,
 ) -> dict:
-    rows = collect(runs)
+    rows = collect(runs, recorded_rows)
     summary = summarize(rows)
     longest = max((r["epochs"] for r in rows), default=None)
+    tt = None
+    if longest:
+        timed, left = timed_together(
+            [r for r in rows if r["epochs"] == longest], recorded_rows or {}
+        )
+        tt = time_to_target(timed, longest, runs)
+        if tt and left:
+            tt["left_out"] = left
     data = dict(
         generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         command=command,
@@ -468,7 +530,7 @@ def report(
         model=p["train"]["model"],  # the report names a study of another model apart
         evaluations=EVALUATIONS,
         summary=summary,
-        time_to_target=time_to_target(p, rows, longest) if longest else None,
+        time_to_target=tt,
         runs=rows,
     )
     data["verdict"] = verdict(summary)
@@ -508,8 +570,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     lengths, seeds, methods = tuple(a.epochs), tuple(a.seeds), tuple(a.methods)
     runs = plan(p, best_config(p), lengths, seeds, methods, a.runs_dir, shape)
+    rows = recorded(a.out, p, shape)
     predicted = estimate(p, runs, Path("results"))
-    left = [s for r, s in zip(runs, predicted) if not (r["out"] / "summary.json").exists()]
+    left = [
+        s
+        for r, s in zip(runs, predicted)
+        if not (r["out"] / "summary.json").exists() and key(r) not in rows
+    ]
     print(
         f"[bench.lengths] {len(runs)} runs ({len(runs) - len(left)} finished); the rest "
         f"about {duration(sum(left))} on this machine (the matrix's run times x length)",
@@ -520,10 +587,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['name']:<10} {r['epochs']:>3} epochs  seed {r['seed']}  ~{duration(s)}")
         return 0
     if not a.report_only:
-        train(runs, predicted)
+        train(runs, predicted, rows)
     shown = [x for x in (sys.argv[1:] if argv is None else argv) if x != "--report-only"]
     command = " ".join([".venv/bin/python -m bench.lengths", *shown])
-    data = report(p, runs, a.out, command, a.runs_dir, shape)
+    data = report(p, runs, a.out, command, a.runs_dir, shape, rows)
     print(data["verdict"])
     return 0
 

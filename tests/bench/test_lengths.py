@@ -4,6 +4,7 @@ files. The study itself (hours) is not run here."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,7 +84,7 @@ def test_the_committed_verdict_is_made_from_the_studys_files():
 
 
 def miniature(root):
-    """A profile whose 2 x 1 runs of ddp and ab train a small MLP on generated data: one
+    """A profile whose 2 x 1 runs of ddp, ab and powersgd train a small MLP on generated data: one
     epoch is 40 steps; the committed wall times the estimates scale are written too."""
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
     p["train"] = apply_overrides(p["train"], [*TINY, "data.train_samples=320", "batch_size=4"])
@@ -92,6 +93,7 @@ def miniature(root):
     p["experiments"]["runs"] = {
         "ddp-2x1": {"method": "ddp", "nodes": 2, "ranks_per_node": 1, "batch": "local"},
         "ab-2x1": {"method": "ab", "nodes": 2, "ranks_per_node": 1, "batch": "local"},
+        "psgd-2x1": {"method": "powersgd", "nodes": 2, "ranks_per_node": 1, "batch": "local"},
     }
     (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     (root / "results").mkdir()
@@ -135,8 +137,8 @@ def test_a_killed_study_continues_and_reports_from_its_files(tmp_path):
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     out = again.stdout
-    assert "run 1 of 6: runs/lengths/e1/ddp-2x1-s0 finished, read" in out
-    assert "run 2 of 6: runs/lengths/e1/ab-2x1-s0 finished, read" in out
+    assert "run 1 of 6: finished, read from runs/lengths/e1/ddp-2x1-s0" in out
+    assert "run 2 of 6: finished, read from runs/lengths/e1/ab-2x1-s0" in out
     assert "run 6 of 6: ab-2x1 at 2 epochs, seed 0" in out
     data = json.loads((tmp_path / "reports" / "lengths" / "lengths.json").read_text())
     assert [s["epochs"] for s in data["summary"]] == [1, 2]
@@ -166,3 +168,20 @@ def test_a_killed_study_continues_and_reports_from_its_files(tmp_path):
     assert redrawn.stdout.strip() == data["verdict"]
     for f, content in made.items():
         assert (tmp_path / "reports/lengths" / f).read_bytes() == content, f
+    # and a clone adds a method by training its runs alone: the others, their folders gone,
+    # are read from the committed lengths.json
+    more = [sys.executable, "-m", "bench.lengths", "--epochs", "1", "2", "--seeds", "1", "1"]
+    more += ["--methods", "ddp", "ab", "powersgd", "--shape", "2x1"]
+    added = subprocess.run(more, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
+    trained = re.findall(r"run \d of 6: (\S+) at (\d) epochs", added.stdout)
+    assert trained == [("psgd-2x1", "1"), ("psgd-2x1", "2")], added.stdout
+    assert added.stdout.count("finished, read from lengths.json") == 4
+    now = json.loads((tmp_path / "reports" / "lengths" / "lengths.json").read_text())
+    kept = [r for r in data["runs"] if r["seed"] == 0]
+    assert [r for r in now["runs"] if r["method"] != "powersgd"] == kept
+    # the time to target sets no step times of two sessions side by side
+    assert set(now["time_to_target"]["seconds"]) == {"ddp", "ab"}
+    assert now["time_to_target"]["left_out"] == ["powersgd"]
+    assert "Not in this table: powersgd" in (tmp_path / "reports/lengths/README.md").read_text()
+    assert now["summary"][1]["methods"]["powersgd"]["diff_top1"]["n"] == 1
