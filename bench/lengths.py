@@ -131,8 +131,9 @@ def train(
 
     t0, trained = time.monotonic(), 0.0
     for k, r in enumerate(runs, 1):
-        if (r["out"] / "summary.json").exists() or key(r) in (rows or {}):
-            where = r["out"] if (r["out"] / "summary.json").exists() else "lengths.json"
+        folder_done = (r["out"] / "summary.json").exists()
+        if folder_done or key(r) in (rows or {}):
+            where = r["out"] if folder_done else "lengths.json"
             print(
                 f"[bench.lengths] run {k} of {len(runs)}: finished, read from {where}", flush=True
             )
@@ -161,15 +162,17 @@ def kept_fraction(out: Path) -> list[tuple[int, float]]:
     return [(step, k / f) for step, (k, f) in sorted(by.items())]
 
 
-def collect(runs: list[dict[str, Any]], recorded: dict[tuple, dict] | None = None) -> list[dict]:
+def collect(
+    runs: list[dict[str, Any]], recorded_rows: dict[tuple, dict] | None = None
+) -> list[dict]:
     """One row per finished run: its figures, curve, step times and compression over steps;
-    from its folder, or else as `recorded` (the committed study's row)."""
+    from its folder, or else as `recorded_rows` has it (the committed study's row)."""
     rows = []
     for r in runs:
         path = r["out"] / "summary.json"
         if not path.exists():
-            if key(r) in (recorded or {}):
-                rows.append(recorded[key(r)])
+            if key(r) in (recorded_rows or {}):
+                rows.append(recorded_rows[key(r)])
             continue
         s = json.loads(path.read_text())
         rows.append(
