@@ -1,24 +1,28 @@
 """abtrain: AB training (Coquelin et al.) and its baselines, with exact traffic accounting.
 
-The method in any training loop (see examples/ab_loop.py):
+The method in any training loop (see examples/ab_loop.py), no config file needed:
 
-    cfg = abtrain.load_config("params.yaml")        # method, steps, ab, powersgd, dist
-    ab = abtrain.ABTraining(model, optimizer, cfg)  # after init_process_group
-    for step in range(cfg.steps):
+    ab = abtrain.ABTraining(model, optimizer, steps=N)  # after init_process_group
+    for step in range(N):
         net = ab.module(step)                       # phase changes, A/B groups, syncs
         lr = my_lr(step) * ab.lr_factor(step)       # the rebound after each change
         ...forward with net, backward, optimizer.step()...
     model = ab.finish()                             # merged, full rank
+
+`steps=N` alone takes the paper's guidelines (`abtrain.guidelines`: warm-up 20% of the
+steps, AB phases 3.33%, ...); any of them by keyword (`sigma_cutoff=0.3`), or a config:
+`abtrain.method_config(steps=N, ...)`, `abtrain.load_config("ab.yaml")`.
 """
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from abtrain.abtraining import ABTraining
-    from abtrain.config import Config, ConfigError
+    from abtrain.config import Config, ConfigError, MethodConfig
     from abtrain.config import load as load_config
+    from abtrain.guidelines import method_config
 
-__all__ = ["ABTraining", "Config", "ConfigError", "load_config"]
+__all__ = ["ABTraining", "Config", "ConfigError", "MethodConfig", "load_config", "method_config"]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,8 +32,12 @@ def __getattr__(name: str) -> Any:
         from abtrain.abtraining import ABTraining
 
         return ABTraining
-    if name in ("Config", "ConfigError", "load_config"):
+    if name in ("Config", "ConfigError", "MethodConfig", "load_config"):
         from abtrain import config
 
         return getattr(config, "load" if name == "load_config" else name)
+    if name == "method_config":
+        from abtrain.guidelines import method_config
+
+        return method_config
     raise AttributeError(f"module 'abtrain' has no attribute {name!r}")

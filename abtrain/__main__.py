@@ -10,7 +10,7 @@ import signal
 import sys
 
 from abtrain import compare, plan
-from abtrain.check import check_batch, refuse_unfactorisable, run_check
+from abtrain.check import check_batch, refuse_model, run_check
 from abtrain.config import ConfigError, load, one_line
 from abtrain.launch import die_with_parent
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         launch = Launch.from_env()
         check_world(cfg, launch.world_size, launch.ranks_per_node)
         check_batch(cfg, launch.world_size)
-        refuse_unfactorisable(cfg)  # before any process group exists
+        refuse_model(cfg)  # before any process group exists
     except ConfigError as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2

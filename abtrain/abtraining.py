@@ -1,4 +1,6 @@
-"""AB training as one object that any training loop uses: `ABTraining(model, optimizer, cfg)`.
+"""AB training as one object that any training loop uses: `ABTraining(model, optimizer,
+steps=N)`, the paper's guideline schedule for a run of N steps (`abtrain.guidelines`), or
+`ABTraining(model, optimizer, cfg)` with a config object or file.
 
 Algorithm 1 of the paper, seen from the loop. Before each step's forward pass,
 `module(step)` moves the model into that step's phase and returns the module to run:
@@ -29,8 +31,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from abtrain import batchnorm, groups, ledger, lowrank, methods, process, schedule, sync
-from abtrain.config import Config, ConfigError
+from abtrain import batchnorm, groups, guidelines, ledger, lowrank, methods, process, schedule, sync
+from abtrain.config import ConfigError, MethodConfig
 from abtrain.schedule import Phase
 
 DONE = Phase("done")  # after `finish()`: merged, full rank, no DDP wrapper
@@ -40,11 +42,16 @@ class ABTraining:
     """AB training (or any method of `cfg.method`) of `model` with `optimizer`.
 
     Needs a process group (`torch.distributed.init_process_group`, e.g. under torchrun).
-    Reads `cfg.method`, `cfg.steps`, `cfg.seed` and the `ab`, `powersgd` and `dist`
-    sections of the config (`abtrain.config.load("params.yaml")`). On construction the
-    model's factorisable layers become `lowrank.LowRankLayer`s in place (same weight and
-    bias parameters) and their factors A, B join the optimizer in the param group of their
-    layer's weight; every rank must build the same model, as under DDP.
+    The settings: `steps=N` alone gives the paper's guidelines for a run of N steps, any of
+    them overridden by keyword (`sigma_cutoff=0.3`, `warmup_steps=100`, `group_size=1`,
+    `method="ab_nogroups"`, `seed`: every key of the `ab` section); or `cfg`, an
+    `abtrain.MethodConfig` (`abtrain.method_config(...)`, which also takes PowerSGD's and
+    DDP's settings), a whole `Config`, or a YAML file's path, keywords replacing its values.
+    On construction the model's factorisable layers become `lowrank.LowRankLayer`s in
+    place (same weight and bias parameters) and their factors A, B join the optimizer in
+    the param group of their layer's weight; `survey` says, for every weight layer, whether
+    it is factorised or kept full rank and why. Every rank must build the same model, as
+    under DDP.
 
     `node` is this rank's node (default: torchrun's GROUP_RANK or SLURM_NODEID); `run_dir`,
     if given, receives the ledger's `ledger.csv` (and per-collective rows with
@@ -55,13 +62,19 @@ class ABTraining:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        cfg: Config,
+        cfg: MethodConfig | str | Path | None = None,
         *,
+        steps: int | None = None,
+        method: str | None = None,
+        seed: int | None = None,
         device: torch.device | None = None,
         node: int | None = None,
         run_dir: str | Path | None = None,
         ledger_rows: bool = False,
+        **ab_settings: Any,
     ) -> None:
+        given = dict(steps=steps, method=method, seed=seed, **ab_settings)
+        cfg = guidelines.settle(cfg, given)
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
         self.method = methods.make(cfg.method)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -85,13 +98,14 @@ class ABTraining:
         self.survey: list[lowrank.LayerChoice] | None = None
         if self.method.low_rank:
             modules = dict(model.named_modules())
-            self.survey = lowrank.survey(model, cfg.ab.full_rank_layers)
+            trained = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            self.survey = lowrank.survey(model, cfg.ab.full_rank_layers, trained)
             self.layers = lowrank.replace(model, self.survey)
             self._originals = {name: modules[name] for name in self.layers}
             if not self.layers:
                 raise ConfigError(
-                    f"method {cfg.method}: the model has no layer AB training can factorise "
-                    "(`python -m abtrain check --layers` lists them and why)"
+                    f"method {cfg.method}: the model has no layer AB training can factorise; "
+                    f"every weight layer is kept full rank: {lowrank.why_kept(self.survey)}"
                 )
             model.to(self.device)
             plan = self.method.group_plan(self.world, group_size)
@@ -100,6 +114,7 @@ class ABTraining:
             )
             _add_factors(optimizer, self.layers)
         self.phase: Phase | None = None  # the representation the model is in now
+        self.step: int | None = None  # the last step `module` was asked for
         self.factorizations: list[dict[str, Any]] = []  # step, compression_ratio, ranks
         self.ddp: DistributedDataParallel | None = None
         self.fresh = True  # no wrap yet: the first one gives every rank rank 0's state
@@ -109,10 +124,26 @@ class ABTraining:
     # ---------------------------------------------------------------- the loop's calls
     def module(self, step: int) -> nn.Module:
         """The module to run step `step` with (DDP over this phase's group), after moving
-        the model into the phase the schedule gives that step."""
-        self.ledger.step = step
+        the model into the phase the schedule gives that step. Steps come in order: the
+        step after the last one asked for, or the same one again (micro-batches of one
+        step); any other is refused (ValueError) before anything changes, since a jump
+        would skip a phase change and a step back would redo one."""
+        self._check_order(step)
+        self.step = self.ledger.step = step
         self.enter(schedule.phase_at(step, self.cfg))
         return self.ddp
+
+    def _check_order(self, step: int) -> None:
+        if self.phase == DONE:
+            raise ValueError(f"module({step}) after finish(): the run has ended merged")
+        if not 0 <= step < self.cfg.steps:
+            raise ValueError(f"module({step}): steps run from 0 to {self.cfg.steps - 1}")
+        if self.step is not None and step not in (self.step, self.step + 1):
+            raise ValueError(
+                f"module({step}) after module({self.step}): steps must come in order, "
+                f"the next is {self.step + 1} (or {self.step} again); a jump would skip a "
+                "phase change and a step back redo one"
+            )
 
     def lr_factor(self, step: int) -> float:
         """The learning-rate rebound at `step`: the ramp from near 0 over
@@ -149,9 +180,14 @@ class ABTraining:
         are its own). Their first rank alone need save that state."""
         return self.groups.group if self.factorizations else None
 
-    def traffic(self) -> dict[str, Any]:
+    def traffic(self, exact: bool = False) -> dict[str, Any]:
         """Bytes each rank sent so far (mean over ranks): total, inter-node, intra-node,
-        and by phase. Every rank together (it sums the ranks' ledgers)."""
+        and by phase. Any rank may ask alone: the mean as this rank's ledger sees every
+        collective it took part in, exact wherever the groups mirror one another (as the
+        A/B groups of one node each do). `exact=True` sums the ranks' own counts instead:
+        a collective, every rank must call it together."""
+        if not exact:
+            return self.ledger.view()
         self.ledger.flush()
         return self.ledger.totals(self.world)
 
@@ -168,6 +204,7 @@ class ABTraining:
             self.ddp = None
         return dict(
             phase=asdict(self.phase) if self.phase else None,
+            step=self.step,
             factorizations=self.factorizations,
             shapes={n: [list(m.a.shape), list(m.b.shape)] for n, m in self.layers.items()},
             ledger=self.ledger.state(),
@@ -177,6 +214,7 @@ class ABTraining:
         """Resume: give the factors their saved shapes and roles; then load the model's and
         the optimizer's state dicts as usual."""
         self.phase = Phase(**state["phase"]) if state["phase"] else None
+        self.step = state.get("step")  # None in checkpoints from before it was kept
         self.factorizations = state["factorizations"]
         for name, layer in self.layers.items():
             a, b = state["shapes"][name]
@@ -279,10 +317,8 @@ def _add_factors(opt: torch.optim.Optimizer, layers: dict[str, lowrank.LowRankLa
     """Each layer's A and B into the param group of its weight (its learning rate, weight
     decay and betas), unless the optimizer has them already."""
     group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
-    for name, layer in layers.items():
-        group = group_of.get(id(layer.weight))
-        if group is None:
-            raise ValueError(f"layer {name}: its weight is not in the optimizer given")
+    for layer in layers.values():  # each weight in the optimizer: the survey saw to it
+        group = group_of[id(layer.weight)]
         for factor in (layer.a, layer.b):
             if id(factor) not in group_of:
                 group["params"].append(factor)

@@ -92,29 +92,33 @@ def check_model(cfg: Config, model: nn.Module) -> tuple[list[LayerChoice], list[
         choices = lowrank.survey(model, None)
     if ab and not any(c.factorised for c in choices):
         kept = lowrank.kept_full_rank(choices)
-        why = "; ".join(f"{n}: {r}" for n, r in list(kept.items())[:4])
-        more = f"; {len(kept) - 4} more" if len(kept) > 4 else ""
         chosen = any("(default)" in r or "full_rank_layers" in r for r in kept.values())
         hint = "; ab.full_rank_layers: [] would factorise those it keeps" if chosen else ""
         raise ConfigError(
             f"model {_label(cfg)}: no layer for {cfg.method} to factorise, every weight "
-            f"layer is kept full rank ({why or 'the model has none'}{more}){hint}"
+            f"layer is kept full rank ({lowrank.why_kept(choices)}){hint}"
         )
     return choices, notes
 
 
-def refuse_unfactorisable(cfg: Config) -> None:
-    """Under an AB method, refuse (ConfigError) a model with no layer to factorise, before
-    any process starts. A model that can't be built is let through: the trainer reports
-    its error where it always did."""
-    if cfg.method not in AB_METHODS:
-        return
+def refuse_model(cfg: Config) -> None:
+    """Before any process starts, refuse (ConfigError) a model the config can't build
+    (an architecture or arguments it names wrongly) and, under an AB method, one with no
+    layer to factorise. A factory this process can't import (the compute nodes may have
+    it) and a model that fails in its own code are let through: the ranks report those."""
+    from abtrain.models.factory import NotHere
+
     classes, features, _ = model_shape(cfg)
     try:
         model = build_model(cfg, classes, features)
+    except NotHere:
+        return
+    except ConfigError:
+        raise
     except Exception:
         return
-    check_model(cfg, model)
+    if cfg.method in AB_METHODS:
+        check_model(cfg, model)
 
 
 def layer_table(choices: list[LayerChoice], model: nn.Module) -> list[str]:

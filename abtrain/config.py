@@ -1,8 +1,12 @@
-"""The one typed training config.
+"""The one typed training config, and the method's part of it.
 
-Every value lives in `params.yaml` (section `train`); the schema here has no defaults on
-purpose, so a missing key is an error rather than a silently different run. Validation
-happens before any process group exists, and every error names the offending key.
+`Config` is a whole training run as `abtrain train` makes it; every value lives in
+`params.yaml` (section `train`) and the schema has no defaults on purpose, so a missing key
+is an error rather than a silently different run. `MethodConfig` is the part the method
+itself reads (`ABTraining`: method, steps, seed, `ab`, `powersgd`, `dist`); a user's own loop
+gives it without a file through `abtrain.guidelines.method_config(steps=N, ...)`, which
+fills what is not given with the paper's published guidelines. Validation happens before
+any process group exists, and every error names the offending key.
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ class _Section(BaseModel):
 
 
 class _Model(_Section):
-    init: Literal["default", "ortho_sigma"]  # ortho_sigma: the authors' polar-factor init
+    # ortho_sigma: the authors' polar-factor init; default: the model's own (what a model
+    # named by its architecture alone means)
+    init: Literal["default", "ortho_sigma"] = "default"
 
 
 class MLPModel(_Model):
@@ -72,7 +78,8 @@ class TimmModel(_Model):
 
     name: Literal["timm"]
     arch: str = Field(min_length=1)
-    kwargs: dict[str, Any]  # the model's own arguments (timm's names: drop_rate, img_size...)
+    # the model's own arguments (timm's names: drop_rate, img_size...); none: timm's own
+    kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("arch")
     @classmethod
@@ -95,7 +102,7 @@ class PythonModel(_Model):
 
     name: Literal["python"]
     factory: str
-    kwargs: dict[str, Any]
+    kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @staticmethod
     def split(factory: str) -> tuple[str, str]:
@@ -262,40 +269,37 @@ class EarlyStop(_Section):
     min_top1: float = Field(ge=0, le=100)
 
 
-class Config(_Section):
+class MethodConfig(_Section):
+    """What the method reads (`ABTraining`): which method, how long, its seed and knobs.
+
+    Built from a file or a mapping with every key, or by `abtrain.guidelines.method_config`
+    from the paper's guidelines and a few keywords."""
+
     method: Method
     seed: int
     steps: int = Field(gt=0)
-    batch_size: int = Field(gt=0)  # per rank
-    eval_every: int = Field(gt=0)  # steps between evaluations (the per-epoch metrics)
-    bf16: bool  # autocast the forward pass to bfloat16
-    checkpoint_every: int = Field(ge=0)  # 0: only at the end
-    keep_checkpoints: int = Field(ge=1)
-    early_stopping: list[EarlyStop]  # [] never stops early
-    model: ModelConfig
-    data: DataConfig
-    optim: OptimConfig
     ab: ABConfig
     powersgd: PowerSGDConfig
     dist: DistConfig
-    tracking: TrackingConfig
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:  # one line per key, not pydantic's dump
+            raise ConfigError(_format(err, data) + _hint(type(self), data)) from None
+        # (pydantic calls this from model_validate too: validate through `validate()`)
 
     @model_validator(mode="after")
-    def _consistent(self) -> Config:
-        if self.optim.min_lr > self.optim.lr:
-            raise ValueError("optim.min_lr must not exceed optim.lr")
-        if self.method in AB_METHODS and self.ab.warmup_steps >= self.steps:
+    def _consistent_method(self) -> MethodConfig:
+        ab_method = self.method in AB_METHODS
+        if ab_method and self.ab.warmup_steps >= self.steps:
             raise ValueError("ab.warmup_steps must be smaller than steps, or no AB phase runs")
-        if not self.ab.split_sigma and self.method in AB_METHODS and self.method != "ab_nogroups":
+        if not self.ab.split_sigma and ab_method and self.method != "ab_nogroups":
             raise ValueError(
                 f"ab.split_sigma=false needs every rank to train the same factor "
                 f"(ab_nogroups); {self.method} averages A and B trained in different forms"
             )
-        if (
-            self.ab.sync_mode == "rank0"
-            and self.method in AB_METHODS
-            and (self.method != "ab_nogroups")
-        ):
+        if self.ab.sync_mode == "rank0" and ab_method and self.method != "ab_nogroups":
             raise ValueError(
                 f"ab.sync_mode=rank0 (rank 0's state to every rank, the authors' no-groups "
                 f"runs at c3dbc10) is for ab_nogroups; {self.method} would drop the other "
@@ -305,6 +309,40 @@ class Config(_Section):
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+class Config(MethodConfig):
+    """A whole training run (`abtrain train`): the method's part, and the model, data,
+    optimizer, evaluation, checkpoints and tracking around it."""
+
+    batch_size: int = Field(gt=0)  # per rank
+    eval_every: int = Field(gt=0)  # steps between evaluations (the per-epoch metrics)
+    bf16: bool  # autocast the forward pass to bfloat16
+    checkpoint_every: int = Field(ge=0)  # 0: only at the end
+    keep_checkpoints: int = Field(ge=1)
+    early_stopping: list[EarlyStop]  # [] never stops early
+    model: ModelConfig
+    data: DataConfig
+    optim: OptimConfig
+    tracking: TrackingConfig
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        if self.optim.min_lr > self.optim.lr:
+            raise ValueError("optim.min_lr must not exceed optim.lr")
+        return self
+
+
+METHOD_KEYS = tuple(MethodConfig.model_fields)
+
+
+def _hint(cls: type, data: Mapping[str, Any]) -> str:
+    if cls is MethodConfig or set(data) <= set(METHOD_KEYS):
+        return (
+            "\n  (for the method alone, abtrain.method_config(steps=N, ...) fills every key "
+            "not given with the paper's guidelines)"
+        )
+    return ""
 
 
 def _format(err: ValidationError, raw: dict[str, Any]) -> str:
@@ -372,15 +410,22 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 FREE_MAPPINGS = {("tracking", "tags"), ("model", "kwargs")}
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(
+    raw: dict[str, Any], overrides: list[str], free: bool = False
+) -> dict[str, Any]:
+    """`overrides` (key=value) applied to `raw` in place. A key not in `raw` is refused,
+    unless `free` (a partial file whose missing keys come from elsewhere: sections are
+    made as needed; what is unknown is refused where the whole is validated)."""
     for text in overrides:
         path, value = parse_override(text)
         node = raw
         for part in path[:-1]:
+            if free and part not in node:
+                node[part] = {}
             if not isinstance(node.get(part), dict):
                 raise ConfigError(f"override {text!r}: {'.'.join(path[:-1])} is not a section")
             node = node[part]
-        if path[-1] not in node and tuple(path[:-1]) not in FREE_MAPPINGS:
+        if path[-1] not in node and tuple(path[:-1]) not in FREE_MAPPINGS and not free:
             raise ConfigError(f"override {text!r}: unknown key {'.'.join(path)}")
         node[path[-1]] = value
     return raw
@@ -389,15 +434,27 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
     import copy
 
-    raw = apply_overrides(copy.deepcopy(raw), list(overrides))
-    try:
-        return Config.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError(_format(err, raw)) from None
+    return validate(Config, apply_overrides(copy.deepcopy(raw), list(overrides)))
 
 
-def load(path: str | Path, overrides: list[str] = (), section: str = "train") -> Config:
-    """Read a config file. A file with a top-level `section` (params.yaml) is read from it."""
+def validate(cls: type[MethodConfig], raw: dict[str, Any]) -> Any:
+    """`raw` as a `cls` (Config or MethodConfig); ConfigError naming each key at fault."""
+    odd = [k for k in raw if not isinstance(k, str)]
+    if odd:
+        raise ConfigError(f"invalid config:\n  {odd[0]!r}: not a key of the config")
+    # through the constructor, which words the errors (pydantic would wrap its words again)
+    return cls(**raw)
+
+
+def load(
+    path: str | Path, overrides: list[str] = (), section: str = "train"
+) -> Config | MethodConfig:
+    """Read a config file. A file with a top-level `section` (params.yaml) is read from it.
+
+    A file of a whole run gives a `Config`, every key required; a file holding only the
+    method's keys (method, steps, seed, ab, powersgd, dist: what `ABTraining` reads) gives
+    a `MethodConfig` whose missing keys take the paper's guidelines (`abtrain.guidelines`).
+    """
     path = Path(path)
     try:
         raw = read_yaml(path)
@@ -410,6 +467,10 @@ def load(path: str | Path, overrides: list[str] = (), section: str = "train") ->
     if isinstance(raw.get(section), dict):
         raw = raw[section]
     try:
+        if set(raw) <= set(METHOD_KEYS):
+            from abtrain import guidelines
+
+            return guidelines.from_mapping(apply_overrides(raw, list(overrides), free=True))
         return from_dict(raw, overrides)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None

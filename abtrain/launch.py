@@ -281,7 +281,7 @@ def refusal(args: Sequence[str], world_size: int, ranks_per_node: int) -> str | 
     doesn't build in this process: the ranks report that themselves)."""
     # imported here: the launcher needs torch only to build the model it checks
     from abtrain.__main__ import build_parser
-    from abtrain.check import check_batch, refuse_unfactorisable
+    from abtrain.check import check_batch, refuse_model
     from abtrain.config import ConfigError, load, one_line
     from abtrain.methods import check_world
 
@@ -294,7 +294,7 @@ def refusal(args: Sequence[str], world_size: int, ranks_per_node: int) -> str | 
         if ns.command == "train":
             cfg = load(ns.config, ns.overrides)
             check_world(cfg, world_size, ranks_per_node)
-            refuse_unfactorisable(cfg)
+            refuse_model(cfg)
             if cfg.data.name != "synthetic":  # else every rank fails on it after starting
                 from abtrain.tasks import unprepared
 

@@ -108,6 +108,7 @@ class Ledger:
         # counts what its whole group sends / group size (exact for the world, and for
         # groups that mirror each other, as A/B groups do). For live progress and metrics.
         self.sent = {"inter": 0.0, "intra": 0.0}
+        self.sent_by_phase: dict[str, dict[str, float]] = {}  # the same, by phase
         self.comm_seconds = 0.0  # blocked in abtrain's own collectives
         self._launched = self._finished = 0.0  # last DDP bucket of the step
 
@@ -286,6 +287,7 @@ class Ledger:
             flushed=self.flushed,
             world_totals=self.world_totals.clone(),
             sent=dict(self.sent),
+            sent_by_phase={k: dict(v) for k, v in self.sent_by_phase.items()},
             comm_seconds=self.comm_seconds,
         )
 
@@ -293,6 +295,8 @@ class Ledger:
         """Resume: drop from the run's files what was appended after that checkpoint."""
         self.flushed, self.world_totals = state["flushed"], state["world_totals"].clone()
         self.sent, self.comm_seconds = dict(state["sent"]), state["comm_seconds"]
+        # (not kept by checkpoints from before it was)
+        self.sent_by_phase = {k: dict(v) for k, v in state.get("sent_by_phase", {}).items()}
         self.pending, self.rows = {}, []
         if self.run_dir is None:
             return
@@ -302,10 +306,26 @@ class Ledger:
             cut_after(self._rows_path(self.rank), self.flushed, _jsonl_step, header=False)
 
     def _count(self, op: str, payload: int, ranks: list[int], root: int | None) -> None:
+        phase = self.sent_by_phase.setdefault(self.phase, {"inter": 0.0, "intra": 0.0})
         for member in ranks:
             sent, peer = wire_bytes(op, payload, ranks, member, root)
             side = "inter" if self.nodes[peer] != self.nodes[member] else "intra"
             self.sent[side] += sent / len(ranks)
+            phase[side] += sent / len(ranks)
+
+    def view(self) -> dict[str, Any]:
+        """`totals`' figures as this rank sees them (`sent`), with no collective: exact
+        for collectives over the world and for groups that mirror each other."""
+        by_phase = {
+            name: dict(total=d["inter"] + d["intra"], inter=d["inter"], intra=d["intra"])
+            for name, d in sorted(self.sent_by_phase.items())
+        }
+        return dict(
+            total_bytes=self.sent["inter"] + self.sent["intra"],
+            inter_node_bytes=self.sent["inter"],
+            intra_node_bytes=self.sent["intra"],
+            by_phase=by_phase,
+        )
 
 
 class _CountingDist:

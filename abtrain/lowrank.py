@@ -212,12 +212,13 @@ class LayerChoice:
         return math.prod(self.shape) if self.shape else 0
 
 
-_READS_WEIGHTS = (nn.MultiheadAttention, nn.TransformerEncoderLayer)
-
-
 # Reasons a layer is kept full rank whatever ab.full_rank_layers says, checked in order.
 def _structural_reason(
-    name: str, module: nn.Module, parent: nn.Module | None, owners: dict[int, list[str]]
+    name: str,
+    module: nn.Module,
+    owners: dict[int, list[str]],
+    reads: dict[str, str],
+    trained: set[int] | None,
 ) -> str:
     if not isinstance(module, nn.Linear | nn.Conv2d):
         return "not a Linear/Conv2d"
@@ -233,11 +234,12 @@ def _structural_reason(
         # e.g. timm's Conv2dSame pads by the input's size and StdConv2d standardises W:
         # two plain matmuls/convs would compute something else
         return f"own forward ({type(module).__name__})"
-    if isinstance(parent, _READS_WEIGHTS):
-        # MultiheadAttention's forward never calls out_proj, and TransformerEncoderLayer's
-        # fused inference path (eval, no grad) never calls linear1/linear2: both read
-        # .weight, and factors trained there would not reach the output
-        return f"weight read directly by {type(parent).__name__}"
+    if name in reads:
+        # e.g. MultiheadAttention's forward never calls out_proj but reads its .weight; a
+        # tied decoder reads the encoder's: factors trained there would not reach the output
+        return f"weight read directly by {reads[name]}"
+    if not weight.requires_grad or (trained is not None and id(weight) not in trained):
+        return "weight not trained (frozen: requires_grad off, or not in the optimizer)"
     if isinstance(module, nn.Conv2d) and module.groups > 1:
         if module.groups == module.in_channels:
             return "depthwise convolution"
@@ -260,18 +262,27 @@ def matches(name: str, pattern: str) -> bool:
     return any(fnmatch.fnmatchcase(".".join(parts[:i]), pattern) for i in range(len(parts), 0, -1))
 
 
-def survey(model: nn.Module, full_rank_layers: list[str] | None) -> list[LayerChoice]:
+def survey(
+    model: nn.Module, full_rank_layers: list[str] | None, trained: set[int] | None = None
+) -> list[LayerChoice]:
     """Every module holding a weight of 2+ dims (and every Linear/Conv2d), in model order,
     with what AB does with it.
 
     Factorised: nn.Linear and nn.Conv2d (subclasses too, unless they compute their own
     forward), groups=1, weight a parameter of their own, materialised and not shared.
+    Kept too: a layer whose weight other code reads directly (`weight_reads`), and one
+    whose weight is not trained (requires_grad off, or, with `trained` the ids of the
+    optimizer's parameters, not among them).
     `full_rank_layers` are glob patterns of module names kept as they are; None keeps the
-    first and the last factorisable layer (patch embedding / first conv and classifier).
-    A pattern that names no layer is refused (ConfigError naming it): a typo would
-    otherwise factorise the layer it meant. Works on the meta device: shapes only.
+    first and the last factorisable layer (patch embedding / first conv and classifier),
+    and every classifier a timm model names (a distilled DeiT's two heads). A pattern that
+    names no layer is refused (ConfigError naming it): a typo would otherwise factorise
+    the layer it meant. Works on the meta device: shapes only.
     """
     from abtrain.config import ConfigError
+    from abtrain.weight_reads import read_elsewhere
+
+    reads = read_elsewhere(model)
 
     owners: dict[int, list[str]] = {}
     for pname, p in model.named_parameters(remove_duplicate=False):
@@ -292,8 +303,7 @@ def survey(model: nn.Module, full_rank_layers: list[str] | None) -> list[LayerCh
             shape = tuple(module.weight.shape)
             found.append([name, "LowRankLayer", shape, shape[0], math.prod(shape[1:]), None])
             continue
-        parent = modules.get(name.rpartition(".")[0]) if name else None
-        reason = _structural_reason(name, module, parent, owners)
+        reason = _structural_reason(name, module, owners, reads, trained)
         if isinstance(weight, Tensor) and not isinstance(weight, UninitializedParameter):
             shape = tuple(weight.shape)
             rows, cols = (shape[0], math.prod(shape[1:])) if shape else (0, 0)
@@ -303,6 +313,9 @@ def survey(model: nn.Module, full_rank_layers: list[str] | None) -> list[LayerCh
     candidates = [f for f in found if f[5] == ""]
     if full_rank_layers is None:
         if candidates:
+            for f in candidates[1:-1]:
+                if any(matches(f[0], head) for head in _timm_classifiers(model)):
+                    f[5] = "a classifier head timm names (default)"
             candidates[-1][5] = "last weight layer (default)"
             candidates[0][5] = "first weight layer (default)"
     else:
@@ -324,9 +337,25 @@ def survey(model: nn.Module, full_rank_layers: list[str] | None) -> list[LayerCh
     ]
 
 
+def _timm_classifiers(model: nn.Module) -> tuple[str, ...]:
+    """The classifier layers a timm model's own config names (e.g. a distilled DeiT's
+    ('head', 'head_dist')); () for other models."""
+    cfg = getattr(model, "pretrained_cfg", None)
+    heads = cfg.get("classifier") if isinstance(cfg, dict) else None
+    return (heads,) if isinstance(heads, str) else tuple(heads or ())
+
+
 def kept_full_rank(choices: list[LayerChoice]) -> dict[str, str]:
     """{layer: why it is kept full rank} of a survey."""
     return {c.name: c.reason for c in choices if not c.factorised}
+
+
+def why_kept(choices: list[LayerChoice], shown: int = 4) -> str:
+    """The layers kept full rank and why, on one line (the first `shown` of them)."""
+    kept = kept_full_rank(choices)
+    why = "; ".join(f"{n or '(model)'}: {r}" for n, r in list(kept.items())[:shown])
+    more = f"; {len(kept) - shown} more" if len(kept) > shown else ""
+    return (why or "the model has no weight layer") + more
 
 
 def replace(model: nn.Module, choices: list[LayerChoice]) -> dict[str, LowRankLayer]:

@@ -43,8 +43,31 @@ def timm_model(arch: str, classes: int, kwargs: dict[str, Any]) -> nn.Module:
         raise ConfigError(f"model.arch: {problem}")
     try:
         return timm.create_model(arch, pretrained=False, num_classes=classes, **kwargs)
-    except TypeError as err:  # an argument the architecture doesn't take
-        raise ConfigError(f"model.kwargs: timm's {arch} refused its arguments: {err}") from err
+    except Exception as err:
+        # an argument the architecture doesn't take: a TypeError from most, but a KeyError
+        # or ValueError from some (MLP-Mixer's builder); told apart from a failure of the
+        # architecture itself by building it once without them
+        if not kwargs or not _builds(arch, classes):
+            raise
+        cause = f"{type(err).__name__}: {err}" if not isinstance(err, TypeError) else str(err)
+        raise ConfigError(f"model.kwargs: timm's {arch} refused its arguments: {cause}") from err
+
+
+def _builds(arch: str, classes: int) -> bool:
+    import timm
+    import torch
+
+    try:
+        with torch.device("meta"):
+            timm.create_model(arch, pretrained=False, num_classes=classes)
+    except Exception:
+        return False
+    return True
+
+
+class NotHere(ConfigError):
+    """A factory's module this process can't import: a launcher's node may lack what the
+    compute nodes have, so this one is left for the ranks to report."""
 
 
 def resolve(spec: str) -> Any:
@@ -57,7 +80,7 @@ def resolve(spec: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as err:  # a missing module, or one that fails as it is imported
-        raise ConfigError(
+        raise NotHere(
             f"model.factory: cannot import module {module_name!r} ({type(err).__name__}: {err});"
             f" it must be installed or on PYTHONPATH on every node"
         ) from err

@@ -4,7 +4,6 @@ loop against `abtrain train` bit for bit, and the example under torchrun."""
 
 import copy
 import os
-import socket
 import subprocess
 import sys
 
@@ -209,46 +208,48 @@ def test_a_plain_loop_on_the_api_gives_the_bits_of_abtrain_train(tmp_path):
 
 
 # ---------------------------------------------------------------- the example
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _readme_command() -> list[str]:
+    """The README's command for the example, as a user pastes it."""
+    import re
+    import shlex
+
+    line = re.search(
+        r"`(torchrun [^`]*examples/ab_loop\.py[^`]*)`", (ROOT / "README.md").read_text()
+    )
+    assert line, "the README gives no torchrun command for examples/ab_loop.py"
+    return shlex.split(line[1])
 
 
 @pytest.mark.multiprocess
-def test_the_example_loop_runs_under_torchrun_on_two_nodes(tmp_path):
+def test_the_readmes_example_command_runs_once_outside_the_repository(tmp_path):
+    """Run once, as the README says, from a folder of the user's own with no params.yaml:
+    a torchvision ResNet-18 (a model abtrain did not write) through every phase on the
+    guidelines' schedule from steps= alone."""
     import torchvision
 
-    port, save = _free_port(), tmp_path / "model.pt"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=2",
-        "--nproc-per-node=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        "examples/ab_loop.py",
-        "--steps=40",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [
-        subprocess.Popen(
-            [*cmd, f"--save={save}"],  # rank 0 saves, whichever node it is
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    outs = [p.communicate(timeout=600)[0] for p in nodes]
-    assert all(p.returncode == 0 for p in nodes), "\n".join(o[-3000:] for o in outs)
-    text = "".join(outs)
-    for phase in ("warmup", "ab"):
-        assert f"({phase})" in text, text[-2000:]
-    assert "inter-node" in text and "  sync:" in text and "  rebound:" in text
+    mine = tmp_path / "my_project"
+    mine.mkdir()
+    (mine / "ab_loop.py").write_text((ROOT / "examples/ab_loop.py").read_text())
+    cmd = _readme_command()
+    assert cmd[0] == "torchrun" and "--standalone" in cmd, cmd  # one command, one machine
+    script = cmd.index("examples/ab_loop.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", *cmd[1:script], "ab_loop.py"]
+    save = mine / "model.pt"
+    proc = subprocess.run(
+        [*cmd, "--steps=60", f"--save={save}"],
+        cwd=mine,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert not (mine / "params.yaml").exists()
+    text = proc.stdout
+    # 60 steps: warm-up 12, AB phases of 2, rebounds of 1 (the guidelines)
+    assert "step 0 (warmup)" in text and "step 10 (warmup)" in text, text
+    assert "step 20 (rebound)" in text and "step 30 (ab)" in text, text
+    assert "inter-node" in text and "  sync:" in text and "  rebound:" in text, text
     # the merged model is a plain torchvision ResNet-18 again
     torchvision.models.resnet18(num_classes=10).load_state_dict(torch.load(save, weights_only=True))
 

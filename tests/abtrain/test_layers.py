@@ -166,9 +166,9 @@ def test_layers_whose_weight_torch_reads_directly_are_kept():
     torch.manual_seed(0)
     enc = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
     assert reasons(enc, []) == {
-        "self_attn.out_proj": "weight read directly by MultiheadAttention",
-        "linear1": "weight read directly by TransformerEncoderLayer",
-        "linear2": "weight read directly by TransformerEncoderLayer",
+        "self_attn.out_proj": "weight read directly by TransformerEncoderLayer.forward",
+        "linear1": "weight read directly by TransformerEncoderLayer.forward",
+        "linear2": "weight read directly by TransformerEncoderLayer.forward",
     }
     dec = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double()
     got = reasons(dec, [])
@@ -426,7 +426,7 @@ def test_an_ab_method_with_nothing_to_factorise_is_refused_by_check(capsys):
 @pytest.mark.parametrize(
     "model,why",
     [
-        (nn.Sequential(nn.ReLU()), "the model has none"),
+        (nn.Sequential(nn.ReLU()), "the model has no weight layer"),
         (nn.Sequential(nn.Conv1d(2, 2, 3), nn.Embedding(3, 2)), "0: not a Linear/Conv2d"),
     ],
 )
