@@ -215,6 +215,11 @@ def run_check(
     except ConfigError as err:
         raise ConfigError(f"{err} ({'; '.join(notes)})" if notes else str(err)) from None
     notes += check_batch(cfg, world_size)
+    if cfg.data.name != "synthetic" and (Path(cfg.data.prepared) / "meta.json").exists():
+        from abtrain.prepare import problem  # prepared, but perhaps damaged since
+
+        if (why := problem(cfg.data)) is not None:
+            raise ConfigError(f"data.prepared: {why}")
     classes, features, _ = model_shape(cfg)
     try:
         model = build_model(cfg, classes, features)

@@ -10,6 +10,7 @@ import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def write_failed(err: OSError, path: Path) -> OSError:
@@ -74,3 +75,81 @@ def cut_after(path: Path, cutoff: int, step_of: Callable[[str], int | None], hea
     head = lines[:1] if header else []
     kept = [ln for ln in lines[len(head) :] if (s := step_of(ln)) is not None and s < cutoff]
     atomic_write_text(path, "".join(ln + "\n" for ln in head + kept))
+
+
+# ---------------------------------------------------------------- records a stage reads
+class RecordError(ValueError):
+    """A record a stage or study reads is damaged: named, with the command that restores
+    it (one line; a stage ends with it, exit code 2)."""
+
+
+def restore_hint(path: Path, remake: str | None = None) -> str:
+    """How to get `path` back: git's committed copy where git tracks it, else `remake`."""
+    import subprocess
+
+    try:
+        tracked = (
+            subprocess.run(
+                ["git", "ls-files", "--error-unmatch", path.name],
+                cwd=path.parent,
+                capture_output=True,
+                timeout=30,
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.SubprocessError):
+        tracked = False
+    if tracked:
+        return f"restore the committed copy: git checkout -- {path}"
+    return remake or "it is not in git: run again what writes it"
+
+
+def damaged(path: Path, why: str, remake: str | None = None) -> RecordError:
+    return RecordError(f"{path} is damaged ({why}); {restore_hint(path, remake)}")
+
+
+def read_record(
+    path: str | Path, keys: tuple[str, ...] = (), remake: str | None = None, shape: type = dict
+) -> Any:
+    """A JSON record that a stage or study reads: an object with `keys` at its top level (or
+    a list, `shape=list`). Damage (not JSON, cut short, another shape, a key missing) is a
+    RecordError naming the file and how to restore it; a missing file is
+    FileNotFoundError, as ever."""
+    import json
+
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise damaged(path, "not UTF-8 text", remake) from None
+    except json.JSONDecodeError as err:
+        what = "empty" if not data.strip() else f"not whole JSON: {err.msg} at line {err.lineno}"
+        raise damaged(path, what, remake) from None
+    if not isinstance(record, shape):
+        want = "an object" if shape is dict else f"a {shape.__name__}"
+        raise damaged(path, f"a JSON {type(record).__name__}, not {want}", remake)
+    missing = [k for k in keys if k not in record]
+    if missing:
+        raise damaged(path, f"no {missing[0]!r} in it", remake)
+    return record
+
+
+def read_record_rows(path: str | Path, keys: tuple[str, ...] = (), remake: str | None = None):
+    """A JSON-lines record: every line an object holding `keys`; RecordError names the
+    first line that is not (a committed record is written whole, so no line may be torn)."""
+    import json
+
+    path = Path(path)
+    rows = []
+    for i, line in enumerate(path.read_bytes().split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise damaged(path, f"line {i} is not a whole JSON row", remake) from None
+        if not isinstance(row, dict) or any(k not in row for k in keys):
+            raise damaged(path, f"line {i} is not a row of it", remake)
+        rows.append(row)
+    return rows

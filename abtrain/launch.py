@@ -213,23 +213,37 @@ def _failure_line(
     unlogged: dict[int, str] | None = None,
 ) -> str:
     """The run's failure in one line: the cause, which nodes did not answer, and the logs
-    holding torchrun's reports. The cause: a rank that died without a word (killed, or an
-    exit of its own: a torchrun report names it, and it printed no failure line), for the
-    others' failures then only answer its going; else the first failure a rank printed;
-    else the first failed node's exit code."""
+    holding torchrun's reports. The cause: the rendezvous port taken by another process
+    (a node's torchrun could not listen on it); else a rank that died without a word
+    (killed, or an exit of its own: a torchrun report names it, and it printed no failure
+    line), for the others' failures then only answer its going; else the first failure a
+    rank printed; else the first failed node's exit code. A silent rank that left with the
+    exit code of a rank that spoke (3: every rank stops when the tracking store is lost,
+    rank 0 says why) followed that rank, and is no cause."""
+    nodes = sorted(range(len(list(logs.glob("node-*.log")))), key=lambda n: n != failed)
+    port = next((p for n in nodes if (p := _port_in_use(logs / f"node-{n}.log"))), None)
+    roots = {n: root for n in nodes if (root := _root_cause(logs / f"node-{n}.log"))}
     spoke = {int(m.group(1)) for _, text in said if (m := re.match(r"rank (\d+) ", text))}
+    spoken = {code for rank, code in roots.values() if rank in spoke}
+    if said and not spoke:  # a cause printed by rank 0 for every rank (`[abtrain] error:`)
+        spoken.add(code)
     silent = []
-    for node in sorted(range(len(list(logs.glob("node-*.log")))), key=lambda n: n != failed):
-        root = _root_cause(logs / f"node-{node}.log")
-        if root is not None and root[0] not in spoke:
-            rank, exit_code = root
-            how = (
-                f"was killed by {signal.Signals(-exit_code).name}"
-                if exit_code < 0
-                else f"exited with code {exit_code}"
-            )
-            silent.append(f"rank {rank} (node {node}) {how} without a word")
-    if said and said[0][1].startswith("node "):  # a torchrun killed: the launcher's own
+    for node, (rank, exit_code) in roots.items():
+        if rank in spoke or exit_code in spoken:
+            continue
+        how = (
+            f"was killed by {signal.Signals(-exit_code).name}"
+            if exit_code < 0
+            else f"exited with code {exit_code}"
+        )
+        silent.append(f"rank {rank} (node {node}) {how} without a word")
+    if port is not None:
+        cause = (
+            f"the rendezvous port 127.0.0.1:{port} is in use by another process, so the "
+            "nodes could not meet; run again (the launcher picks a free port each time)"
+        )
+        hung = []  # the other nodes were waiting to meet: they are not at fault
+    elif said and said[0][1].startswith("node "):  # a torchrun killed: the launcher's own
         cause = said[0][1]
     elif silent:
         cause = silent[0]
@@ -263,6 +277,17 @@ def _root_cause(log: Path) -> tuple[int, int] | None:
     rank = re.search(r"rank\s*:\s*(\d+)", text)
     code = re.search(r"exitcode\s*:\s*(-?\d+)", text)
     return (int(rank.group(1)), int(code.group(1))) if rank and code else None
+
+
+def _port_in_use(log: Path) -> int | None:
+    """The port a node's torchrun could not listen on (its log: "...failed to listen on
+    any local network address. port: 42973, ... name: EADDRINUSE"), or None."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.search(r"port: (\d+),[^\n]*EADDRINUSE", text)
+    return int(found.group(1)) if found else None
 
 
 def _rank_exit_code(log: Path) -> int | None:

@@ -166,17 +166,25 @@ def _prepared_folder(d: ImageData) -> Path:
 
 
 def prepare(d: ImageData) -> dict[str, Any]:
-    """Verify the source and write `d.prepared`; skipped when it is already up to date."""
+    """Verify the source and write `d.prepared`; skipped when it is already up to date and
+    whole (every file as this step recorded it), prepared again when it is damaged."""
     out = _prepared_folder(d)
     _clear_leftovers(out)  # on every path: an up-to-date folder may have a killed run's too
     meta = _prepared_meta(out)
     if meta is not None and meta.get("config") == fingerprint(d):
-        return meta
+        damage = damaged(d, meta)
+        if damage is None:
+            return meta
+        print(f"[prepare] {damage}: preparing it again", flush=True)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         meta = _prepare_into(d, tmp)
+        meta["files"] = {
+            f.name: dict(bytes=f.stat().st_size, sha256=_sha256(f))
+            for f in sorted(tmp.glob("*.pt")) + sorted(tmp.glob("*.index.json"))
+        }
         meta["config"] = fingerprint(d)
         meta["prepared_by"] = PREPARED_BY
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
@@ -216,6 +224,92 @@ def _replace(out: Path, new: Path) -> None:
         os.replace(old, out)
         raise
     shutil.rmtree(old)
+
+
+# ---------------------------------------------------------------- a prepared folder, whole
+PREPARE_AGAIN = "prepare it again: python -m abtrain prepare --config FILE (or dvc repro prepare)"
+
+
+def problem(d: ImageData) -> str | None:
+    """Why training can't read `d.prepared` (None: it can): not prepared, prepared from
+    another data config, or damaged since (`damaged`). One line, with the fix."""
+    meta_path = Path(d.prepared) / "meta.json"
+    if not meta_path.exists():
+        return f"{d.prepared} is not prepared: run `python -m abtrain prepare --config ...` first"
+    meta = _prepared_meta(Path(d.prepared))
+    if meta is None:
+        return f"{meta_path} is unreadable or not abtrain's: {PREPARE_AGAIN}"
+    if meta.get("config") != fingerprint(d):
+        return f"{d.prepared} was prepared from another data config: {PREPARE_AGAIN}"
+    damage = damaged(d, meta)
+    return f"{damage}: {PREPARE_AGAIN}" if damage else None
+
+
+def damaged(d: ImageData, meta: dict[str, Any]) -> str | None:
+    """What in `d.prepared` is no longer as the prepare step wrote it, in a few words naming
+    the file (None: all is whole): each split file against its recorded size and sha256,
+    and each image a split indexes (in the source folder, or copied out of an archive)
+    against its size then. Each file read once, each image only stat'ed: a start-up cost
+    of one pass over the cached tensors and one stat per image."""
+    root = Path(d.prepared)
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        return f"{root} was prepared by an older abtrain, without a record of its files"
+    for name, want in files.items():
+        why = file_problem(root / name, want)
+        if why:
+            return why
+    for name in files:
+        if name.endswith(".index.json"):
+            why = index_problem(root, root / name)
+            if why:
+                return why
+    return None
+
+
+def file_problem(path: Path, want: dict[str, Any], data: bytes | None = None) -> str | None:
+    """`path` (or its bytes already read, `data`) against the size and sha256 prepare
+    recorded: None, or what is wrong, naming the file."""
+    import hashlib
+
+    try:
+        size = len(data) if data is not None else path.stat().st_size
+    except FileNotFoundError:
+        return f"{path} is missing"
+    if size != want["bytes"]:
+        return f"{path} is damaged ({size:,} bytes, {want['bytes']:,} when prepared)"
+    digest = hashlib.sha256(data).hexdigest() if data is not None else _sha256(path)
+    if digest != want["sha256"]:
+        return f"{path} is damaged (its sha256 differs from the one recorded when prepared)"
+    return None
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def index_problem(root: Path, index: Path) -> str | None:
+    """The images `index` names (with the size each had when prepared): the first that is
+    gone or another size, and how many are."""
+    entries = json.loads(index.read_text())
+    bad, first = 0, None
+    for entry in entries:
+        path = root / entry[0]  # an absolute path (a folder source) stays itself
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = None
+        if size is None or (len(entry) > 2 and size != entry[2]):
+            bad += 1
+            if first is None:
+                now = "missing" if size is None else f"{size:,} bytes, {entry[2]:,} when prepared"
+                first = f"{path} ({now})"
+    if bad:
+        return f"{bad:,} of the {len(entries):,} images {index.name} names changed since prepare: {first}"
+    return None
 
 
 def train_size(d: SyntheticData | ImageData) -> tuple[int | None, str]:
@@ -312,6 +406,11 @@ def _decode_all(tree: _Tree, members: list[str], size: int, split: str) -> Tenso
     return x
 
 
+def _size(tmp: Path, path: str) -> int:
+    """An indexed image's size now (relative paths: under the folder being written)."""
+    return (tmp / path).stat().st_size
+
+
 def _all_read(tree: _Tree, members: list[str], seen: set[str] | dict[str, Any]) -> None:
     missing = [m for m in members if m not in seen]
     if missing:
@@ -352,5 +451,5 @@ def _verify_and_index(
             path[m] = str((tree.source / m).resolve())
     progress.update(len(path))
     _all_read(tree, members, path)
-    index = [[path[m], label[m]] for m in members]
+    index = [[path[m], label[m], _size(tmp, path[m])] for m in members]
     (tmp / f"{split}.index.json").write_text(json.dumps(index))

@@ -8,6 +8,7 @@ this rank's shard of the validation set (`val_batches`).
 from __future__ import annotations
 
 import functools
+import io
 import json
 import math
 import os
@@ -22,7 +23,7 @@ from torch.utils.data import get_worker_info
 
 from abtrain.config import Config
 from abtrain.loader import StepSampler, _ahead, _augment, _load
-from abtrain.prepare import fingerprint
+from abtrain.prepare import PREPARE_AGAIN, file_problem, problem
 from abtrain.sources import DataError
 
 
@@ -62,29 +63,31 @@ class SyntheticTask:
 
 
 # ---------------------------------------------------------------- prepared folders
-def _read_index(path: Path) -> dict[str, Any]:
+def _read_index(entries: list) -> dict[str, Any]:
     """A split's files and labels. The paths are one numpy bytes array, not a list of str:
     forked workers touching the refcounts of a million small objects would each copy them."""
-    entries = json.loads(path.read_text())
     return dict(
-        files=np.array([os.fsencode(f) for f, _ in entries], dtype=np.bytes_),
-        y=torch.tensor([label for _, label in entries], dtype=torch.int64),
+        files=np.array([os.fsencode(e[0]) for e in entries], dtype=np.bytes_),
+        y=torch.tensor([e[1] for e in entries], dtype=torch.int64),
     )
 
 
 def unprepared(d: Any) -> str | None:
-    """Why the data config's prepared folder can't be trained from (None: it can); the
-    launcher asks before any rank starts."""
-    meta = Path(d.prepared) / "meta.json"
-    if not meta.exists():
-        return f"{d.prepared} is not prepared: run `python -m abtrain prepare --config ...` first"
+    """Why the data config's prepared folder can't be trained from (None: it can), damage
+    since it was prepared included; the launcher asks before any rank starts."""
+    return problem(d)
+
+
+def _read_checked(path: Path, record: dict[str, Any]) -> bytes:
+    """A split file's bytes, read once and checked against what prepare recorded."""
     try:
-        config = json.loads(meta.read_text()).get("config")
-    except (OSError, ValueError) as err:
-        return f"{meta} is unreadable ({err}): prepare again"
-    if config != fingerprint(d):
-        return f"{d.prepared} was prepared from another data config: prepare again"
-    return None
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = None
+    why = file_problem(path, record, data) if data is not None else f"{path} is missing"
+    if why:
+        raise DataError(f"{why}: {PREPARE_AGAIN}")
+    return data
 
 
 class ImageTask:
@@ -100,12 +103,17 @@ class ImageTask:
         self.size, self.augment, self.workers = d.image_size, d.augment, d.workers
         self.mean = torch.tensor(self.meta["mean"]).view(1, 3, 1, 1)
         self.std = torch.tensor(self.meta["std"]).view(1, 3, 1, 1)
+        files = self.meta["files"]  # each split file is checked as it is read
         if self.meta["cached"]:
-            self.train = torch.load(self.root / "train.pt", weights_only=True)
-            self.val = torch.load(self.root / "val.pt", weights_only=True)
+            self.train, self.val = (
+                torch.load(io.BytesIO(_read_checked(self.root / f, files[f])), weights_only=True)
+                for f in ("train.pt", "val.pt")
+            )
         else:
-            self.train = _read_index(self.root / "train.index.json")
-            self.val = _read_index(self.root / "val.index.json")
+            self.train, self.val = (
+                _read_index(json.loads(_read_checked(self.root / f, files[f])))
+                for f in ("train.index.json", "val.index.json")
+            )
 
     def __len__(self) -> int:
         return len(self.train["y"])

@@ -23,7 +23,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from abtrain import evaluation, ledger, methods, models, process, results, schedule, tracking
+from abtrain import (
+    checkpoint,
+    evaluation,
+    ledger,
+    methods,
+    models,
+    process,
+    results,
+    schedule,
+    tracking,
+)
 from abtrain.abtraining import DONE, ABTraining
 from abtrain.checkpointer import Checkpointer
 from abtrain.config import Config
@@ -203,11 +213,16 @@ class Trainer:
         self.opt.step()
         loss_value = loss.item()  # waits for the device: the step's time ends here
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm.item())):
+            saved = checkpoint.resume_candidates(self.checkpointer.root)
+            kept = (
+                f"its last checkpoint, of step {saved[0]}, is whole"
+                if saved
+                else "no checkpoint had been written yet"
+            )
             raise TrainingDiverged(
                 f"step {run.step} ({kind} phase): loss {loss_value:.6g}, gradient "
                 f"norm {grad_norm.item():.6g}; not finite, so the run stops before a "
-                f"checkpoint of it (optim.lr={cfg.optim.lr:g}; the last checkpoint is "
-                "whole)"
+                f"checkpoint of it (optim.lr={cfg.optim.lr:g}; {kept})"
             )
         t2 = time.perf_counter()
         waited = min(self.ledger.exposed_allreduce_seconds(), t2 - t1)

@@ -79,7 +79,9 @@ def train(out: Path, method: str, steps: int) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.footprint", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--out", default=str(RESULTS / "footprint.json"))
     a = ap.parse_args()

@@ -35,9 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from abtrain.files import atomic_write_text
+from abtrain.files import atomic_write_text, read_record
 from abtrain.progress import duration
 from bench.network import step_times
+from pipeline.common import stage
 
 # 1 to 16 epochs spans the 16x the question needs; with the four methods it fits ~2.1 h of 2
 # cores (2 to 32 epochs would take ~5 h).
@@ -88,7 +89,7 @@ def estimate(p: dict[str, Any], runs: list[dict[str, Any]], results: Path) -> li
     base = p["experiments"]["epochs"]
     out = []
     for r in runs:
-        wall = json.loads((results / f"{r['name']}.json").read_text())["wall_seconds"]
+        wall = read_record(results / f"{r['name']}.json", ("wall_seconds",))["wall_seconds"]
         out.append(LAUNCH_SECONDS + wall * r["epochs"] / base)
     return out
 
@@ -99,7 +100,7 @@ def recorded(out: Path, p: dict[str, Any], shape: tuple[int, int]) -> dict[tuple
     path = out / "lengths.json"
     if not path.exists():
         return {}
-    data = json.loads(path.read_text())
+    data = read_record(path, ("runs",))
     same = (data.get("model"), data.get("shape"), data.get("evaluations"))
     if same != (p["train"]["model"], list(shape), EVALUATIONS):
         return {}
@@ -498,7 +499,7 @@ def write(data: dict[str, Any], out: Path) -> None:
 def render(out: Path) -> dict:
     """The page, figure and verdict again from a committed lengths.json, whose rows hold
     every figure they need: run folders stay on the machine that trained them."""
-    data = json.loads((out / "lengths.json").read_text())
+    data = read_record(out / "lengths.json", ("runs",))
     data["summary"] = summarize(data["runs"])
     data["verdict"] = verdict(data["summary"])
     write(data, out)
@@ -599,4 +600,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stage(main, who="bench"))

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
-from abtrain.files import atomic_write_text
+from abtrain.files import atomic_write_text, read_record
 from abtrain.progress import duration
 from bench.cluster import Cluster, tbf_burst
+from pipeline.common import stage
 
 RESULTS = Path("bench/results")
 WORK = Path("runs/bench")
@@ -258,7 +259,7 @@ def estimate(runs: list[tuple[int, int, str | None, str]], a: argparse.Namespace
     from abtrain.planner import count_evaluations
     from bench.planner import rate_bytes_per_s
 
-    free = json.loads((RESULTS / "network-unshaped.json").read_text())
+    free = read_record(RESULTS / "network-unshaped.json")
     by = {r["method"]: r for r in free["results"]}
     ddp = by["ddp"]
     start = ddp["wall_seconds"] - ddp["evals"][-1]["seconds"]  # rendezvous, data, saving
@@ -448,7 +449,7 @@ def committed(a: argparse.Namespace, rate: str | None) -> dict[str, Any] | None:
 
     results = getattr(a, "results", None) or RESULTS
     path = results / f"{result_name(a.nodes, a.ranks_per_node, rate)}.json"
-    return {**json.loads(path.read_text()), "file": str(path)} if path.exists() else None
+    return {**read_record(path), "file": str(path)} if path.exists() else None
 
 
 def check_merge(a: argparse.Namespace, rate: str | None) -> None:
@@ -608,4 +609,4 @@ def plot(results: Path | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stage(main, who="bench"))

@@ -22,12 +22,12 @@ from pathlib import Path
 import yaml
 
 from abtrain import config as abconfig
-from abtrain.files import atomic_write_text
+from abtrain.files import atomic_write_text, read_record
 from abtrain.methods import kind
 from abtrain.models import label as model_label
 from abtrain.plan import phase_compute
 from abtrain.planner import Plan, buffer_broadcast, footprint, plan, step_flops, timing
-from pipeline.common import base_config, run_overrides, runs
+from pipeline.common import base_config, run_overrides, runs, stage
 
 IMAGENET_TRAIN = 1_281_167
 PAPER = Path("profiles/paper.yaml")
@@ -216,13 +216,13 @@ def network_check(params: dict) -> list[dict]:
     files = {f.stem.removeprefix("network-"): f for f in RESULTS.glob("network-*.json")}
     if "unshaped" not in files:
         return []
-    free = {r["method"]: r for r in json.loads(files["unshaped"].read_text())["results"]}
+    free = {r["method"]: r for r in read_record(files["unshaped"], ("results",))["results"]}
     out = []
     for rate, path in sorted(files.items()):
         link = rate_bytes_per_s(rate)
         if link is None:
             continue
-        bench = json.loads(path.read_text())
+        bench = read_record(path)
         for r in bench["results"]:
             if r["method"] not in free:
                 continue
@@ -251,9 +251,10 @@ def network_check(params: dict) -> list[dict]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
+        prog="python -m bench.planner",
         description="Predict, without training, the paper-scale traffic and rates of the paper "
         "profile's runs (Table 1), the time model against bench.network's committed runs, and "
-        "what every run of the matrix keeps; writes one JSON file and prints tables."
+        "what every run of the matrix keeps; writes one JSON file and prints tables.",
     )
     ap.add_argument("--out", default=str(RESULTS / "planner.json"), help="%(default)s")
     return ap.parse_args(argv)
@@ -422,4 +423,4 @@ def print_footprint(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stage(main, who="bench"))

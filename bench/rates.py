@@ -40,9 +40,10 @@ from typing import Any
 import yaml
 
 from abtrain import config as abconfig
-from abtrain.files import atomic_write_text
+from abtrain.files import atomic_write_text, read_record
 from abtrain.plan import ToTarget
 from bench.planner import measured_mean, rate_bytes_per_s
+from pipeline.common import stage
 
 RESULTS = Path("bench/results")
 BASE_SHAPE = (2, 2)  # its per-rate files keep the plain name network-<rate>.json
@@ -77,7 +78,7 @@ def load(results: Path = RESULTS) -> list[dict[str, Any]]:
     under `file`."""
     out = []
     for f in sorted(results.glob("network-*.json")):
-        d = json.loads(f.read_text())
+        d = read_record(f)
         if isinstance(d, dict) and isinstance(d.get("results"), list):
             out.append({**d, "file": f.name})
     return out
@@ -563,4 +564,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stage(main, who="bench"))

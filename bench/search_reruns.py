@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from abtrain.files import atomic_write_text
+from abtrain.files import atomic_write_text, read_record
 from bench.seeds import spread  # n, mean, min, max, range, std (n − 1)
+from pipeline.common import stage
 
 RUNS = ("ddp-2x2", "ab-2x2")  # the baseline first
 RUNS_DIR = Path("runs/search-reruns")
@@ -75,7 +76,7 @@ def row(label: str, best: dict[str, Any], summaries: dict[str, dict[str, Any]]) 
 
 
 def summary_of(path: Path, name: str) -> dict[str, Any]:
-    s = json.loads(path.read_text())
+    s = read_record(path)
     return {**s, "run": name}
 
 
@@ -88,7 +89,7 @@ def collect(names: tuple[str, ...], reruns: int, runs_dir: Path) -> list[dict[st
     results = {n: Path("results") / f"{n}.json" for n in names}
     if committed.exists() and all(r.exists() for r in results.values()):
         summaries = {n: summary_of(results[n], n) for n in names}
-        rows.append(row("pipeline", json.loads(committed.read_text()), summaries))
+        rows.append(row("pipeline", read_record(committed), summaries))
     for i in range(1, reruns + 1):
         folder = runs_dir / f"r{i}"
         done = [folder / n / "summary.json" for n in names]
@@ -104,7 +105,7 @@ def seed_spread(path: Path) -> dict[str, Any] | None:
     """The matching seed study's spread of the same gap (same pair, the pipeline's best)."""
     if not path.exists():
         return None
-    d = json.loads(path.read_text())["summary"]["difference"]
+    d = read_record(path, ("summary",))["summary"]["difference"]
     gaps = list(d["per_seed"].values())
     return dict(study=str(path.parent), of=d["of"], **spread(gaps)) if len(gaps) > 1 else None
 
@@ -239,4 +240,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stage(main, who="bench"))

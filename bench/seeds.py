@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain.files import atomic_write_text
+from pipeline.common import stage
 
 RUNS = ("ddp-2x2", "ab-2x2")  # the baseline first
 SEEDS = (0, 1, 2)
@@ -322,4 +323,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stage(main, who="bench"))

@@ -23,6 +23,7 @@ from typing import Any
 
 from abtrain.files import atomic_write_text
 from abtrain.models import label
+from pipeline.common import stage
 
 RUNS = ("vgg16-ddp", "vgg16-ab", "vit-ab")  # the baseline of a model is its ddp run
 # a supplementary run: VGG16 AB with the weight decay raised so that AdamW's cumulative
@@ -388,4 +389,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stage(main, who="bench"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -14,6 +15,7 @@ from typing import Any
 
 from abtrain import config as abconfig
 from abtrain.config import one_line
+from abtrain.files import RecordError, read_record
 from search import space
 
 PARAMS = Path("params.yaml")
@@ -40,13 +42,21 @@ def move_aside(out: Path) -> Path:
     return backup
 
 
-def stage(main: Callable[..., int], *args: str) -> int:
-    """A stage's entry point: a config error ends it in one line naming the key, exit code 2,
-    as `abtrain train`'s do (DVC prints the line, then that the stage failed)."""
+def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A stage's or study's command line: `--help` prints its docstring's first paragraph
+    (every `python -m` entry point answers it, and never runs on it)."""
+    first = (doc or "").strip().split("\n\n")[0]
+    return argparse.ArgumentParser(prog=f"python -m {prog}", description=first)
+
+
+def stage(main: Callable[..., int], *args: str, who: str = "pipeline") -> int:
+    """A stage's (or a study's) entry point: a config error or a damaged record ends it in
+    one line naming the key or file, exit code 2, as `abtrain train`'s do (DVC prints the
+    line, then that the stage failed)."""
     try:
         return main(*args)
-    except (abconfig.ConfigError, space.SpaceError) as err:
-        print(f"[pipeline] error: {one_line(err)}", file=sys.stderr, flush=True)
+    except (abconfig.ConfigError, space.SpaceError, RecordError) as err:
+        print(f"[{who}] error: {one_line(err)}", file=sys.stderr, flush=True)
         return 2
 
 
@@ -155,7 +165,7 @@ def train_size(cfg: abconfig.Config) -> int:
     meta = Path(cfg.data.prepared) / "meta.json"
     if meta.exists():
         return sum(json.loads(meta.read_text())["counts"]["train"].values())
-    counts = json.loads(DATA_COUNTS.read_text()) if DATA_COUNTS.exists() else {}
+    counts = read_record(DATA_COUNTS, remake="dvc repro prepare") if DATA_COUNTS.exists() else {}
     if cfg.data.prepared not in counts:
         raise abconfig.ConfigError(
             f"data.prepared: {cfg.data.prepared} is not prepared and {DATA_COUNTS} has no count "

@@ -17,13 +17,14 @@ method's colour and point shape are the template's scales, pipeline.style's pale
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from abtrain.files import read_record
+from pipeline.common import parser
 from pipeline.style import write_bytes
 
 DVC_YAML = Path("dvc.yaml")
@@ -87,7 +88,7 @@ def render(dvc_yaml: Path = DVC_YAML) -> list[Path]:
     made = []
     for name, props in definitions(dvc_yaml).items():
         source = Path(props["source"])
-        rows = json.loads(source.read_text()) if source.exists() else []
+        rows = read_record(source, shape=list) if source.exists() else []
         rows = [r for r in rows if r.get(props["x"]) is not None and r.get(props["y"]) is not None]
         if not rows:
             continue
@@ -111,4 +112,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    parser("pipeline.plots", __doc__).parse_args()
     sys.exit(main())

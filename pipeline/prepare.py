@@ -11,7 +11,7 @@ import sys
 from abtrain.files import atomic_write_text
 from abtrain.prepare import prepare
 from abtrain.sources import DataError
-from pipeline.common import DATA_COUNTS, data_configs, params, stage
+from pipeline.common import DATA_COUNTS, data_configs, params, parser, stage
 
 
 def main() -> int:
@@ -33,4 +33,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    parser("pipeline.prepare", __doc__).parse_args()
     sys.exit(stage(main))

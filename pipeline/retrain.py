@@ -1,18 +1,22 @@
-"""`python -m pipeline.retrain NAME`: train one run of the matrix again, from scratch, and
-nothing else. Its folder (runs/train/NAME, every seed's) is moved aside to a timestamped
-sibling, which nothing deletes, then DVC prepares the data if it isn't yet (`dvc repro
-prepare`, as on a fresh clone) and runs that one stage (`dvc repro --single-item --force
-train@NAME`): no search reruns, no other run is retrained or made stale, and the
-run's results/, plots/ and metrics/ files and its lines in dvc.lock are rewritten. The
-report then differs from the run's new files until `dvc repro report` (or `dvc repro`).
+"""`python -m pipeline.retrain NAME`: train one run of the matrix again, from scratch, then
+the report, and nothing else.
 
-`dvc repro -f train@NAME` is not this: --force reruns every stage upstream of the run too
-(prepare and the searches, whose new record moves every run), and with --single-item alone
-the stage finds the run's folder finished and trains nothing.
+Its folder (runs/train/NAME, every seed's) is moved aside to a timestamped sibling, which
+nothing deletes; DVC prepares the data if it isn't yet (`dvc repro prepare`, as on a fresh
+clone), runs that one stage (`dvc repro --single-item --force train@NAME`) and then the report
+alone (`dvc repro --single-item report`), which reads every run's committed results/ file.
+No search reruns, no other run is retrained or made stale; the run's results/, plots/ and
+metrics/ files, the report and their lines in dvc.lock are rewritten.
+
+Not `dvc repro -f train@NAME`: --force reruns every stage upstream of the run too (prepare and
+the searches, whose new record moves every run), and with --single-item alone the stage finds
+the run's folder finished and trains nothing. Not `dvc repro report` after it either: on a
+fresh clone the other runs' folders are absent, so DVC would train them all again first.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -34,14 +38,25 @@ def main(name: str) -> int:
         print(f"[pipeline] {folder} moved to {move_aside(folder)}; training {name} afresh")
     dvc = os.path.join(os.path.dirname(sys.executable), "dvc")
     dvc = dvc if os.path.exists(dvc) else "dvc"
-    # the data the run reads (a fresh clone has none yet); a no-op once it is prepared
-    if code := subprocess.run([dvc, "repro", "prepare"]).returncode:
-        return code
-    return subprocess.run([dvc, "repro", "--single-item", "--force", f"train@{name}"]).returncode
+    steps = (
+        ["prepare"],  # the data the run reads (a fresh clone has none yet); else a no-op
+        ["--single-item", "--force", f"train@{name}"],
+        ["--single-item", "report"],
+    )
+    for args in steps:
+        if code := subprocess.run([dvc, "repro", *args]).returncode:
+            return code
+    print(
+        f"[pipeline] {name} trained again and the report remade (reports/README.md); "
+        "`python -m pipeline.report --readme` copies its headline into the README",
+        flush=True,
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        print("usage: python -m pipeline.retrain NAME (a run of experiments.runs)", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(stage(main, sys.argv[1]))
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.retrain", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("name", help="a run of experiments.runs in params.yaml (e.g. ab-2x2)")
+    sys.exit(stage(main, ap.parse_args().name))

@@ -27,8 +27,8 @@ from typing import Any
 import yaml
 
 from abtrain.config import ConfigError
-from abtrain.files import atomic_write_text
-from pipeline.common import RUNS, SEARCHES, move_aside, params, stage
+from abtrain.files import atomic_write_text, read_record, read_record_rows
+from pipeline.common import RUNS, SEARCHES, move_aside, params, parser, stage
 from search import record
 from search.launch import mpirun_command
 
@@ -129,9 +129,22 @@ def check(p: dict[str, Any], args: list[str]) -> None:
         )
 
 
+def committed_record(folder: Path) -> None:
+    """The search's committed record, if there is one, is whole: a damaged one is named
+    (RecordError) before anything starts, never taken for a search to run again."""
+    if (folder / "best.json").exists():
+        read_record(folder / "best.json", ("params", "overrides"), DELETE_TO_RERUN)
+    if (folder / record.EVALUATIONS).exists():
+        read_record_rows(folder / record.EVALUATIONS, ("id",), DELETE_TO_RERUN)
+
+
+DELETE_TO_RERUN = "it is not in git: remove the folder to search afresh"
+
+
 def main(backend: str) -> int:
     p = params()
     print(stage_line(p, backend), flush=True)
+    committed_record(SEARCHES / backend)
     out = (RUNS / "search" / backend).resolve()  # messages name the folder in full
     args = ["--backend", backend, "--out", str(out)]
     check(p, args)
@@ -196,4 +209,6 @@ def search(out: Path, args: list[str], ranks: int, budget: int, start: Starter) 
 
 
 if __name__ == "__main__":
-    sys.exit(stage(main, sys.argv[1]))
+    ap = parser("pipeline.search", __doc__)
+    ap.add_argument("backend", choices=["propulate", "optuna"])
+    sys.exit(stage(main, ap.parse_args().backend))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
-from abtrain.files import atomic_write_text
+from abtrain.files import atomic_write_text, read_record
 from abtrain.launch import run_local
 from abtrain.progress import duration
 from pipeline.common import (
@@ -26,6 +26,7 @@ from pipeline.common import (
     SEARCHES,
     Run,
     params,
+    parser,
     provenance,
     resolve,
     runs,
@@ -44,7 +45,7 @@ def best_config(p: dict) -> dict | None:
             f"search.use_best names keys but {path} does not exist: run the search stage "
             f"(dvc repro search@{p['search']['backend']})"
         )
-    return json.loads(path.read_text())
+    return read_record(path, ("params", "overrides"), f"dvc repro search@{p['search']['backend']}")
 
 
 def search_tags(p: dict) -> list[str]:
@@ -247,4 +248,6 @@ def train_one(p: dict, run: Run, sets: list[str], out: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(stage(main, sys.argv[1]))
+    ap = parser("pipeline.train", __doc__)
+    ap.add_argument("name", help="a run of experiments.runs in params.yaml")
+    sys.exit(stage(main, ap.parse_args().name))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 
-from abtrain.files import atomic_write_text
+from abtrain.files import atomic_write_text, read_record
 from pipeline.common import params, runs
 
 # as modules: `from pipeline.report.figures import figures` here would hide the module
@@ -39,7 +39,7 @@ def main() -> int:
     atomic_write_text(REPORTS / "runs.json", json.dumps(done, indent=2))
     tables.write_metrics(tables.vs_ddp(done))
     atomic_write_text(REPORTS / "curves.json", json.dumps(tables.curves(done), indent=2))
-    paper = json.loads(page.PAPER.read_text())
+    paper = read_record(page.PAPER)
     studies = tables.seed_studies(p)
     glance = figures.verdict_figure(done, studies) if done else None
     pics = figures.figures(done, p, studies) if done else []

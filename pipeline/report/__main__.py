@@ -1,13 +1,16 @@
-"""`python -m pipeline.report` (the report stage), `python -m pipeline.report --readme`."""
+"""`python -m pipeline.report`: the report stage (tables, figures and the verdict in
+reports/, from the runs' committed results); `--readme` copies its headline into README.md."""
 
 import sys
 
-from pipeline.common import stage
+from pipeline.common import parser, stage
 from pipeline.report import main
 from pipeline.report.readme import copy_headline
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--readme"]:
+    ap = parser("pipeline.report", __doc__)
+    ap.add_argument("--readme", action="store_true", help="copy reports/headline.md into README.md")
+    if ap.parse_args().readme:
         copy_headline()
         sys.exit(0)
     sys.exit(stage(main))

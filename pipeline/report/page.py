@@ -4,7 +4,6 @@ figures); the notes under the tables are in notes."""
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain.config import model_label
+from abtrain.files import read_record
 from abtrain.tracking import git_commit
 from pipeline.report import tables
 from pipeline.report.notes import accuracy_notes, compression_notes, traffic_notes
@@ -647,7 +647,7 @@ def paper_scale_rates(paper: dict[str, Any]) -> list[str]:
     paper profile's ViT-B/16 and ResNet-50 runs (`python -m bench.planner`)."""
     if not PLANNER.exists():
         return []
-    result = json.loads(PLANNER.read_text())
+    result = read_record(PLANNER)
     rates, m = result.get("rates", []), result.get("rate_model", {})
     if not rates:
         return []
@@ -1004,7 +1004,7 @@ def search_table(p: dict[str, Any], folders: list[Path], results: list[dict[str,
         "|---|---|---|---|---|",
     ]
     for f, r in zip(folders, results):
-        best = json.loads((f / "best.json").read_text()) if (f / "best.json").exists() else {}
+        best = read_record(f / "best.json") if (f / "best.json").exists() else {}
         wall = r["curve"][-1]["seconds"] if r["curve"] else None
         lines.append(
             f"| {r['backend']} | {r['evaluations']} | {fmt(best.get('error'))} | "
@@ -1018,7 +1018,7 @@ def rerun_spread(p: dict[str, Any]) -> list[str]:
     """What rerunning the search moved (`python -m bench.search_reruns`), beside the seeds."""
     if not RERUNS.exists():
         return []
-    d = json.loads(RERUNS.read_text())
+    d = read_record(RERUNS)
     out = [
         "",
         f"What a rerun of the search moves ([`search-reruns/`](search-reruns/README.md), "
@@ -1054,7 +1054,7 @@ def chosen_backend(p: dict[str, Any], folders: list[Path]) -> list[str]:
         return ["The runs above train `train`'s own values (`search.use_best: []`)."]
     backend = p["search"]["backend"]
     errors = {
-        f.name: json.loads((f / "best.json").read_text())["error"]
+        f.name: read_record(f / "best.json", ("error",))["error"]
         for f in folders
         if (f / "best.json").exists()
     }
@@ -1076,7 +1076,7 @@ def chosen_backend(p: dict[str, Any], folders: list[Path]) -> list[str]:
             f"{errors[backend]:.2f}%)"
         )
         if RERUNS.exists():
-            sp = json.loads(RERUNS.read_text())["spread"]["best error (%)"]
+            sp = read_record(RERUNS)["spread"]["best error (%)"]
             text += (
                 f"; {sp['n']} {backend} searches with the same settings found "
                 f"{sp['min']:.2f}-{sp['max']:.2f}% (below), so the gap between the backends "

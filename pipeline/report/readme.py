@@ -3,11 +3,10 @@ into the README between its markers (`python -m pipeline.report --readme`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from abtrain.files import atomic_write_text
+from abtrain.files import atomic_write_text, read_record
 from pipeline.report import tables
 from pipeline.report.page import PAPER, RERUNS, fmt, verdict
 from pipeline.report.tables import REPORTS
@@ -22,7 +21,7 @@ def headline(
     keeps the two equal), so the README's figures are the report's. The verdict first (the
     report's own, page.verdict, without this machine's GB/s, so that it reproduces), then
     every run of the matrix. `paper`: pipeline/paper_reference.json, read if not given."""
-    paper = paper if paper is not None else json.loads(PAPER.read_text())
+    paper = paper if paper is not None else read_record(PAPER)
     traffic = {r["run"]: r for r in t1}
     top = verdict(p, acc, t1, paper, tables.seed_studies(p))
     lines = [
@@ -42,7 +41,7 @@ def headline(
         )
     text = []
     if RERUNS.exists():
-        d = json.loads(RERUNS.read_text())
+        d = read_record(RERUNS)
         gap, ratio = d["spread"]["top1 gap (points)"], d["spread"]["bytes ratio"]
         lr = [r["params"].get("optim.lr") for r in d["rows"] if "optim.lr" in r["params"]]
         text.append(

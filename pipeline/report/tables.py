@@ -18,7 +18,7 @@ from typing import Any
 
 from abtrain import config as abconfig
 from abtrain import schedule
-from abtrain.files import atomic_write_text
+from abtrain.files import atomic_write_text, read_record
 from pipeline.common import RUNS, SEARCHES, resolve, runs
 from pipeline.train import best_config, scalars
 
@@ -34,7 +34,7 @@ def load_runs(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for name in runs(p):
         path = RESULTS / f"{name}.json"
         if path.exists():
-            out[name] = json.loads(path.read_text())
+            out[name] = read_record(path, remake=f"dvc repro train@{name}")
     return out
 
 
@@ -292,7 +292,7 @@ def curves(done: dict[str, dict]) -> list[dict[str, Any]]:
     rows = []
     for name, s in done.items():
         path = PLOTS / f"{name}.json"
-        own = json.loads(path.read_text()) if path.exists() else []
+        own = read_record(path, shape=list) if path.exists() else []
         if not own or any("inter_node_mb" not in r for r in own):
             own = [
                 dict(
@@ -366,14 +366,14 @@ def search_record(p: dict[str, Any]) -> dict[str, Any] | None:
     """The committed search record the matrix trains from (results/search/BACKEND/best.json),
     or None where the runs take no search values or there is no record."""
     path = SEARCHES / p["search"]["backend"] / "best.json"
-    return json.loads(path.read_text()) if p["search"]["use_best"] and path.exists() else None
+    return read_record(path) if p["search"]["use_best"] and path.exists() else None
 
 
 def lengths_study(p: dict[str, Any]) -> dict[str, Any] | None:
     """The training-length study (reports/lengths/lengths.json, `python -m bench.lengths`)
     when it was made with the matrix's model, else None."""
     path = REPORTS / "lengths" / "lengths.json"
-    data = json.loads(path.read_text()) if path.exists() else None
+    data = read_record(path) if path.exists() else None
     return data if data and same_model(data, p) else None
 
 
@@ -388,7 +388,7 @@ def seed_studies(p: dict[str, Any]) -> list[dict[str, Any]]:
     record = search_record(p)
     out = []
     for path in sorted(REPORTS.glob("seeds*/seeds.json")):
-        data = json.loads(path.read_text())
+        data = read_record(path)
         extra = [x for x in data.get("overrides_extra", []) if x not in SEED_STUDY_SETS]
         searched = bool(data.get("search_best_values"))
         same = (
@@ -468,12 +468,12 @@ def first_to_target(
     path = path or NETWORK_RATES
     if not path.exists():
         return []
-    data = json.loads(path.read_text())
+    data = read_record(path)
     steps, model, like = None, None, p is not None
     for other in sorted(path.parent.glob("network-*.json")):
         if other == path:
             continue
-        run = json.loads(other.read_text())
+        run = read_record(other)
         model = model or run.get("model")
         like = like and made_like_the_matrix(p, run)
         sets = run.get("overrides", [])

@@ -447,7 +447,7 @@ def assert_every_label_is_its_class(prepared: Path, meta: dict) -> None:
     for split in ("train", "val"):
         index = json.loads((prepared / f"{split}.index.json").read_text())
         assert len(index) == sum(meta["counts"][split].values())
-        for file, label in index:
+        for file, label, *_ in index:
             cls = meta["classes"][label]
             assert Path(file).parts[-2] == cls, (file, cls)
             mean = np.asarray(Image.open(prepared / file).convert("RGB")).mean((0, 1))

@@ -158,15 +158,18 @@ def test_a_rank_that_dies_is_restarted_by_torchrun_and_the_run_ends_as_an_uninte
     assert a["traffic"]["inter_node_bytes"] == b["traffic"]["inter_node_bytes"]
 
 
-@pytest.mark.parametrize("method", ["ddp", "ab"])
-def test_a_diverging_run_stops_at_the_step_naming_it_before_a_checkpoint_of_it(tmp_path, method):
+@pytest.mark.parametrize("method, every", [("ddp", 1), ("ab", 1), ("ab", 10)])
+def test_a_diverging_run_stops_at_the_step_naming_it_before_a_checkpoint_of_it(
+    tmp_path, method, every
+):
     """lr 1e30 (read as the number it is): step 0's update blows the weights up and step 1's
     loss is not finite. The run stops there on every rank, naming the step, and the only
-    checkpoint is the whole one before it (ab: the warm-up's)."""
+    checkpoint is the whole one before it (ab: the warm-up's); its last line says which,
+    or that there is none yet."""
     out = tmp_path / "run"
     proc = launch(
         out, f"method={method}", "optim.lr=1e30", "optim.lr_warmup_steps=0",
-        "checkpoint_every=1", "keep_checkpoints=5", "tracking.enabled=false",
+        f"checkpoint_every={every}", "keep_checkpoints=5", "tracking.enabled=false",
         nnodes=2, nproc=1,
     )  # fmt: skip
     assert proc.returncode != 0
@@ -176,7 +179,10 @@ def test_a_diverging_run_stops_at_the_step_naming_it_before_a_checkpoint_of_it(t
     assert "not finite" in proc.stderr
     assert not (out / "summary.json").exists()
     saved = sorted(int(p.name.split("_")[-1]) for p in (out / "checkpoints").glob("step_*"))
-    assert saved == [1], saved  # nothing of step 1 or later
+    assert saved == ([1] if every == 1 else []), saved  # nothing of step 1 or later
+    last = proc.stderr.strip().splitlines()[-1]
+    kept = "its last checkpoint, of step 1, is whole" if every == 1 else "no checkpoint had"
+    assert "not finite" in last and kept in last, last
 
 
 def test_a_checkpoint_damaged_on_disk_is_named_and_the_one_before_it_used(killed):
@@ -514,3 +520,40 @@ def test_a_damaged_tracking_store_is_refused_in_one_line_naming_it(tmp_path, dam
     assert f"tracking store {db} is damaged" in lines[0] and f"mv {db} {db}.damaged" in lines[0]
     assert "can't be reached" not in lines[0]
     assert not out.exists()
+
+
+def test_a_rendezvous_port_another_process_holds_is_named_on_the_last_line(
+    tmp_path, monkeypatch, capfd
+):
+    """Another process takes the port between the launcher's pick and node 0's torchrun
+    listening on it (a race two launches at once can lose): the last line names the port,
+    and does not blame node 1, which was only waiting to meet."""
+    from abtrain import launch as launcher
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_A_PORT], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        port = int(holder.stdout.readline())
+        monkeypatch.setattr(launcher, "free_port", lambda: port)
+        args = ["train", "--config", str(PARAMS), "--out", str(tmp_path / "run")]
+        for o in TINY:
+            args += ["--set", o]
+        code = launcher.run_local(2, 1, args)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code != 0
+    last = capfd.readouterr().err.strip().splitlines()[-1]
+    assert f"rendezvous port 127.0.0.1:{port} is in use by another process" in last, last
+    assert "did not answer" not in last, last
+
+
+HOLD_A_PORT = """
+import socket, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(600)
+"""

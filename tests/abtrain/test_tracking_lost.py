@@ -109,6 +109,8 @@ def test_a_run_that_requires_its_server_stops_at_a_checkpoint_and_resumes_when_i
         kill(server)
     assert rc == 3  # as the README says: the store was lost, the run stopped whole
     assert "tracking.required is true" in err, err[-6000:]
+    last = err.strip().splitlines()[-1]  # the cause, not a peer stopping with it
+    assert "tracking.required is true" in last and "without a word" not in last, last
     assert "stopped at the checkpoint of step" in err
     assert not (tmp_path / "run" / "summary.json").exists()
     stopped_at = int((tmp_path / "run" / "checkpoints" / "LATEST").read_text())

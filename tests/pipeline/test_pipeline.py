@@ -4,6 +4,7 @@ import difflib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.pipeline
 
 BIN = Path(sys.executable).parent
+README = ROOT / "README.md"
 TINY_VIT = {
     "name": "python",
     "factory": "timm.models.vision_transformer:VisionTransformer",
@@ -479,39 +481,55 @@ def test_set_changes_only_its_value_and_reruns_only_what_reads_it(mini):
 
 
 @pytest.mark.multiprocess
-def test_retraining_one_run_touches_nothing_else(mini):
-    """The documented command (docs/pipeline.md): one run trained afresh through DVC, its
-    old folder kept aside; no search reruns, and every other committed file, the other
-    stages' lines of dvc.lock included, stays byte for byte."""
+def test_the_readmes_retrain_command_trains_one_run_and_the_report_on_a_fresh_clone(mini):
+    """The README's command, on a clone whose run folders are absent (as a fresh clone's
+    are): one run trained afresh through DVC, then the report alone; no search reruns, no
+    other run trains, and every other committed file, the other stages' lines of dvc.lock
+    included, stays byte for byte."""
     repo, _ = mini
     name = "ab-2x1"
     own = {f"{d}/{name}.json" for d in ("results", "plots", "metrics")}
+    command = re.search(r"\n(\.venv/bin/python -m pipeline\.retrain [^\n]*)\n", README.read_text())
+    assert command, "the README gives no retrain command"
+    args = shlex.split(command[1])[1:]
+    args[-1] = name  # the README's example run, as this miniature names its runs
 
     def committed() -> dict[str, bytes]:
         out = {}
-        for top in ("results", "plots", "metrics", "reports", "bench/results"):
+        for top in ("results", "plots", "metrics", "bench/results"):
             for f in (repo / top).rglob("*"):
                 rel = str(f.relative_to(repo))
                 if f.is_file() and rel not in own:
                     out[rel] = f.read_bytes()
         lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-        out["dvc.lock"] = json.dumps({k: v for k, v in lock.items() if k != f"train@{name}"})
+        mine = (f"train@{name}", "report")
+        out["dvc.lock"] = json.dumps({k: v for k, v in lock.items() if k not in mine})
         return out
 
-    before, result = committed(), json.loads((repo / "results" / f"{name}.json").read_text())
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
-    run = subprocess.run(
-        [sys.executable, "-m", "pipeline.retrain", name],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    assert re.findall(r"Running stage '([^']+)'", run.stdout) == [f"train@{name}"]
-    assert "not trained again" not in run.stdout  # trained, not found finished
-    assert list((repo / "runs" / "train").glob(f"{name}.moved-*"))  # the old folder, kept
-    assert committed() == before
-    again = json.loads((repo / "results" / f"{name}.json").read_text())
-    assert again["val_top1"] == result["val_top1"]  # the same config trains the same run
-    assert again["wall_seconds"] != result["wall_seconds"]  # and it did train
+    kept = repo.parent / f"{repo.name}-runs"  # a fresh clone has no run folders
+    shutil.move(repo / "runs", kept)
+    try:
+        before, result = committed(), json.loads((repo / "results" / f"{name}.json").read_text())
+        report = (repo / "reports" / "README.md").stat().st_mtime_ns
+        env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+        run = subprocess.run(
+            [sys.executable, *args], cwd=repo, env=env, capture_output=True, text=True, timeout=900
+        )
+        assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+        ran = re.findall(r"Running stage '([^']+)'", run.stdout)
+        assert ran == [f"train@{name}", "report"], ran  # one run trained, then the report
+        assert committed() == before
+        again = json.loads((repo / "results" / f"{name}.json").read_text())
+        assert again["val_top1"] == result["val_top1"]  # the same config trains the same run
+        assert again["wall_seconds"] != result["wall_seconds"]  # and it did train
+        assert (repo / "reports" / "README.md").stat().st_mtime_ns > report
+    finally:  # the other runs' folders back, beside the one trained now
+        for folder in kept.glob("*/*"):
+            dest = repo / "runs" / folder.relative_to(kept)
+            if not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(folder, dest)
+        shutil.rmtree(kept)
 
 
 def test_a_wrong_run_name_is_one_line():
@@ -521,3 +539,40 @@ def test_a_wrong_run_name_is_one_line():
     )  # fmt: skip
     assert run.returncode == 2 and run.stdout == ""
     assert run.stderr.count("\n") == 1 and "no run named 'no-such-run'" in run.stderr
+
+
+@pytest.mark.multiprocess
+def test_a_damaged_record_is_named_with_its_restore_command_and_reruns_nothing(mini):
+    """The search's best.json cut short, as a bad copy or a full disk leaves it: the run
+    stage and the search stage each end in one line naming the file and the command that
+    restores it; the search does not start again. Restored as told, nothing is stale. The
+    report's length study the same."""
+    repo, _ = mini
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "the miniature's records"], cwd=repo, check=True)
+    best = Path("results/search/propulate/best.json")
+    text = (repo / best).read_text()
+    (repo / best).write_text(text[: len(text) // 2])
+    search_state = repo / "runs" / "search" / "propulate" / "search.json"
+    stamp = search_state.stat().st_mtime_ns
+    restore = f"restore the committed copy: git checkout -- {best}"
+    for stage_name in ("train@ab-2x1", "search@propulate"):
+        run = dvc(repo, "repro", "-s", stage_name)
+        assert run.returncode != 0, run.stdout[-3000:]
+        said = [line for line in run.stderr.splitlines() if line.startswith("[pipeline] error:")]
+        assert len(said) == 1 and f"{best} is damaged (not whole JSON" in said[0], run.stderr
+        assert said[0].endswith(restore), said[0]
+        assert "Traceback" not in run.stdout + run.stderr
+    assert "done before" not in run.stdout  # no search began
+    assert search_state.stat().st_mtime_ns == stamp
+    subprocess.run(["git", "checkout", "--", str(best)], cwd=repo, check=True)
+    status = dvc(repo, "status", "search@propulate", "train@ab-2x1")
+    assert "changed" not in status.stdout, status.stdout
+    # a study's record read by the report
+    lengths = Path("reports/lengths/lengths.json")
+    (repo / lengths).write_text("{")
+    run = dvc(repo, "repro", "-s", "report")
+    assert run.returncode != 0
+    assert f"{lengths} is damaged" in run.stderr and f"git checkout -- {lengths}" in run.stderr
+    subprocess.run(["git", "checkout", "--", str(lengths)], cwd=repo, check=True)
