@@ -133,7 +133,7 @@ ModelConfig = Annotated[MLPModel | TimmModel | PythonModel, Field(discriminator=
 
 
 def model_label(model: ModelConfig | Mapping[str, Any]) -> str:
-    """A short name for the model, for run names and for pairing a run with its baseline:
+    """A short name for the model, for tags and for pairing a run with its baseline:
     the timm architecture, the factory's function name, or "mlp". Takes a run's saved
     config too (a mapping); one from before timm (name: vit, resnet50, vgg16) gives its name.
     """

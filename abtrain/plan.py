@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 import typing
@@ -15,11 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from abtrain import launch
-from abtrain.config import BASELINE, ConfigError, Method, load
+from abtrain.config import BASELINE, ConfigError, Method, load, training_diff
 
 # abtrain.planner and abtrain.methods import torch: they are imported where used, because
 # every command builds this command's parser (`python -m abtrain --help` should stay fast).
 
+# the time model's error against the committed benchmark (tests/abtrain/test_plan_cli.py holds
+# every method's time to the target within it): methods predicted closer than this are a tie
+MODEL_ERROR = 0.10
 PLAN_ASSUMES = (
     "assumes every method needs the same number of steps to reach a given accuracy "
     "(bench.network measures how far that holds: bench/results/network-rates.json)"
@@ -28,6 +32,11 @@ PLAN_TO_TARGET = (
     "ranks by predicted time to the target top-1: the seconds each method's run in the file "
     "took to it, plus what the link adds to its steps and syncs before it (ToTarget, the "
     "time model bench.rates and the report use)"
+)
+PLAN_SCHEDULE = (
+    "It plans with the settings the file's runs were made with (their schedule: the one "
+    "their step times and steps to the target belong to); a --set that changes them "
+    "leaves the time to the target out"
 )
 # the schedule of a --measure run: every phase kind and two syncs in a few steps
 MEASURE_SETS = [
@@ -52,12 +61,20 @@ def add_parser(sub) -> None:
         "inter-node bytes per rank, from the planner's time model: a step takes its compute "
         "time plus the time its node's inter-node bytes take over the link (no overlap). "
         "With a bench.network results file as --compute, which records how many steps each "
-        "method took to a target top-1, the recommendation " + PLAN_TO_TARGET + " (a method "
-        "that did not reach the target there is not recommended); otherwise it is the fastest "
-        "predicted run, and it " + PLAN_ASSUMES + ".",
+        "method took to a target top-1, the recommendation " + PLAN_TO_TARGET + "; a method "
+        "that did not reach the target there is not recommended. " + PLAN_SCHEDULE + ". "
+        "Otherwise it is the fastest predicted run, and it " + PLAN_ASSUMES + ".",
     )
     plan.add_argument("--config", required=True)
-    plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    plan.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one config value per --set (repeat it); with a bench.network file as "
+        "--compute they apply over the settings of the file's runs",
+    )
     plan.add_argument("--nodes", type=int, required=True)
     plan.add_argument("--ranks-per-node", type=int, required=True)
     plan.add_argument(
@@ -73,8 +90,8 @@ def add_parser(sub) -> None:
         help="per-method per-phase seconds per step without the network: "
         '{"ddp": {"full": 0.31}, "ab": {"warmup": 0.32, "ab": 0.35, "rebound": 0.41}}, '
         "or a bench.network results file (its step_seconds, and its steps to the target "
-        "top-1, each method with the settings of its own the file records; take the "
-        "unshaped one)",
+        "top-1; planned with the settings its runs were made with, each method with its "
+        "own; take the unshaped one)",
     )
     source.add_argument(
         "--measure",
@@ -224,7 +241,8 @@ class ToTarget:
     evaluations, syncs and phase changes included); a link adds to that what the planner's
     `timing` adds over it to the steps and syncs before that step (the plan of the run cut
     there). Training is the same at every rate (gloo and the data order are deterministic),
-    so the target step is too."""
+    so the target step is too. `cfg`: the settings that run was made with (the target step
+    is a step of its schedule)."""
 
     def __init__(
         self, cfg, nodes: int, ranks_per_node: int, classes: int, free: dict, target_step: float
@@ -329,17 +347,27 @@ def run(args) -> int:
         if unknown:
             raise ConfigError(f"--methods: unknown {unknown}; abtrain has {all_methods}")
         link = link_bytes_per_s(args.link)
-        cfg = load(args.config, args.overrides)
-        classes, origin = (args.classes, "--classes") if args.classes else data_classes(cfg)
         given = read_compute(args.compute) if args.compute else None
-        cfgs, skipped = {}, {}
+        # A bench.network file's step times and steps to the target belong to its runs'
+        # schedule: plan that one (the user's --set come after and win), not the config's.
+        base = given.overrides if given else []
+        cfg = load(args.config, [*base, *args.overrides])
+        classes, origin = (args.classes, "--classes") if args.classes else data_classes(cfg)
+        cfgs, skipped, changed = {}, {}, set()
         for m in methods:
             # a method the file's run trained with settings of its own is planned with them
             own = given.method_overrides.get(m, []) if given else []
             try:
-                c = load(args.config, [*args.overrides, f"method={m}", *own])
+                c = load(args.config, [*base, *args.overrides, f"method={m}", *own])
                 check_world(c, args.nodes * args.ranks_per_node, args.ranks_per_node)
                 cfgs[m] = c
+                if given and given.target_top1 is not None:
+                    ran = load(args.config, [*base, f"method={m}", *own])
+                    old, new = ran.dump(), c.dump()
+                    changed |= {
+                        f"{k}={value_at(new, k)} (the runs': {value_at(old, k)})"
+                        for k in training_diff(old, new)
+                    }
             except ConfigError as err:
                 skipped[m] = str(err).splitlines()[-1].strip()
         if given:
@@ -359,7 +387,7 @@ def run(args) -> int:
                 continue
             t = predict(c, args.nodes, args.ranks_per_node, classes, compute.seconds[m], link)
             rows.append((m, t))
-        to_target = target_seconds(args, cfgs, classes, compute, link)
+        to_target = target_seconds(args, cfgs, classes, compute, link, bool(changed))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -372,45 +400,60 @@ def run(args) -> int:
         f"{cfg.steps} steps, {classes} classes ({origin})"
     )
     print(f"compute per step: {compute.source}")
-    print_settings(args, compute, [m for m, _ in rows])
+    print_settings(args, compute, [m for m, _ in rows], sorted(changed))
     print_table(rows, to_target)
     for m, why in skipped.items():
         print(f"skipped {m}: {why}")
     recommend(args, rows, compute, to_target)
     print(
         "s/step: mean over the run, syncs included; run s: the steps and syncs (start-up, "
-        "evaluation and checkpoints not counted); MB: inter-node bytes per rank; "
+        "evaluation and checkpoints not counted); MB: inter-node bytes per rank"
         + (
-            "to target s: the file's run's seconds to the target (evaluations included) plus "
-            "what the link adds to the steps and syncs before it. "
+            "; to target s: the file's run's seconds to the target (evaluations included) "
+            "plus what the link adds to the steps and syncs before it"
             if to_target
             else ""
         )
-        + "A step = its compute + its node's bytes over the link, no overlap."
+        + ". A step = its compute + its node's bytes over the link, no overlap."
     )
     return 0
 
 
-def print_settings(args, compute: Compute, planned: list[str]) -> None:
-    """Say where the file's runs differ from the plan's settings (its compute times and
-    steps to the target belong to those runs' settings)."""
+def value_at(d: dict, dotted: str) -> object:
+    """A nested dict's value at a dotted key (None where it has none)."""
+    for key in dotted.split("."):
+        d = d.get(key) if isinstance(d, dict) else None
+    return d
+
+
+def pasteable(sets: list[str]) -> str:
+    """KEY=VALUE overrides as `--set` flags a shell reads back as they are."""
+    return " ".join(f"--set {shlex.quote(o)}" for o in sets)
+
+
+def print_settings(args, compute: Compute, planned: list[str], changed: list[str]) -> None:
+    """The settings the plan took from the file's runs (their compute times and steps to the
+    target belong to those), as flags to paste; and what the user's --set changed of them."""
+    if compute.overrides:
+        print(f"planned with {args.compute}'s runs' settings: {pasteable(compute.overrides)}")
     for m, own in compute.method_overrides.items():
         if own and m in planned:
-            print(f"{m}: planned with the file's settings of its own run: {' '.join(own)}")
-    missing = [o for o in compute.overrides if o not in args.overrides]
-    if missing:
+            print(f"{m}: planned with its run's own settings too: {pasteable(own)}")
+    if changed:
         print(
-            f"note: {args.compute}'s runs used --set {' '.join(missing)}, which this plan "
-            "does not set: its compute times (and steps to the target) are those runs'"
+            f"note: --set changes {', '.join(changed)} of {args.compute}'s runs: their steps "
+            "to the target do not carry over, so no time to the target is predicted "
+            "(leave those --set out for it)"
         )
 
 
 def target_seconds(
-    args, cfgs: dict, classes: int, compute: Compute, link: float | None
+    args, cfgs: dict, classes: int, compute: Compute, link: float | None, changed: bool = False
 ) -> dict[str, float | None]:
     """Each method's predicted seconds to the file's target top-1 (ToTarget over the file's
     run of it); None where that run did not reach it. Empty when the compute source says
-    nothing about accuracy."""
+    nothing about accuracy, or when the plan `changed` the settings of the file's runs (their
+    steps to the target say nothing about other settings)."""
     if compute.target_top1 is None:
         return {}
     if compute.rate not in ("unshaped", None):
@@ -419,6 +462,8 @@ def target_seconds(
             "time their seconds to the target hold; give the unshaped run's file "
             "(bench/results/network-unshaped.json)"
         )
+    if changed:
+        return {}
     out: dict[str, float | None] = {}
     for m, cfg in cfgs.items():
         steps = compute.steps_to_target.get(m)
@@ -496,6 +541,14 @@ def recommend(args, rows: list, compute: Compute, to_target: dict[str, float | N
         f"recommended: {best} (the first predicted to reach {target}{vs}; time to the target: "
         f"its run's in {args.compute} plus what the link adds)"
     )
+    close = {m: s / reached[best] - 1 for m, s in reached.items() if m != best}
+    close = {m: d for m, d in close.items() if d < MODEL_ERROR}
+    if close:
+        print(
+            "too close to tell: "
+            + ", ".join(f"{m} (+{d:.1%})" for m, d in sorted(close.items(), key=lambda x: x[1]))
+            + f" within the time model's ±{MODEL_ERROR:.0%} of it: either may come first"
+        )
     if fastest != best:
         steps = compute.steps_to_target
         took = (

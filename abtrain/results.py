@@ -47,10 +47,9 @@ class TrainLog:
 
 def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """The run's figures as summary.json holds them, logged at the last step so that MLflow
-    and summary.json agree to the bit. The headline ones go under `final/`, which sorts them
-    to the top of the compare view's metric table (its first seven rows show without
-    scrolling, and the system metrics would otherwise come first); the rest are the last
-    point of the running series. The headline ones are rounded as a table shows them (the
+    and summary.json agree to the bit. The headline ones go under `final/` (the key figures
+    a table shows first, rounded, are abtrain.mlflow_ui's); the rest are the last point of
+    the running series. The headline ones are rounded as a table shows them (the
     Key figures view prints every digit MLflow holds); the exact values are the series'."""
     t = summary["traffic"]
     return {

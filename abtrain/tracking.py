@@ -21,9 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from abtrain.config import Config, model_label
-from abtrain.mlflow_ui import EXPERIMENT_KIND, key_figures_view, ui_address
+from abtrain.mlflow_ui import (
+    BYTES_VS_DDP,
+    EXPERIMENT_KIND,
+    TOP1_BEST,
+    headline,
+    headline_note,
+    is_earlier_view,
+    key_figures_view,
+    ui_address,
+)
 
 ARTIFACTS_DIR = "mlartifacts"
+PER_STEP = "inter_node_bytes_per_step"  # a run's final metric (results.final_metrics)
 SYSTEM_METRICS_INTERVAL_S = 10  # MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL overrides it
 # The compare view's first plot shows the metric a run was sent first; a new run's first
 # batch leads with these, and its system metrics start after it
@@ -111,7 +121,8 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
             tags=dict([EXPERIMENT_KIND, key_figures_view()]),
         )
     for key, value in (EXPERIMENT_KIND, key_figures_view()):
-        if key not in exp.tags:  # a view the user has since edited is theirs
+        # a view the user has since edited is theirs; abtrain's earlier one is replaced
+        if key not in exp.tags or is_earlier_view(exp.tags[key]):
             client.set_experiment_tag(exp.experiment_id, key, value)
     return exp.experiment_id
 
@@ -122,13 +133,11 @@ def model_name(run_name: str) -> str:
 
 
 def run_name_for(cfg: Config, nodes: int, ranks_per_node: int) -> str:
-    """`tracking.run_name`, or one that tells the points of the experiment matrix apart:
-    method, model (its label: timm arch, factory function or mlp), data, nodes x ranks per
-    node and the batch per rank."""
-    model = model_label(cfg.model)
-    return cfg.tracking.run_name or (
-        f"{cfg.method}-{model}-{cfg.data.name}-{nodes}x{ranks_per_node}-b{cfg.batch_size}"
-    )
+    """`tracking.run_name`, or one that tells the points of an experiment's matrix apart and
+    shows whole in MLflow's runs table (about 22 characters): method, nodes x ranks per node
+    and the batch per rank. The model and data are the run's tags and Dataset column; each
+    profile, which fixes them, keeps its own experiment."""
+    return cfg.tracking.run_name or f"{cfg.method}-{nodes}x{ranks_per_node}-b{cfg.batch_size}"
 
 
 def source_tags(commit: str) -> dict[str, str]:
@@ -541,8 +550,89 @@ class Tracker:
     def finish(self, status: str) -> None:
         if self.client is None or self.run_id is None:
             return
+        if status == "FINISHED":
+            self._headline()
         self.flush()
         self._stop_system_metrics()
         self._keep_unsent()
         if self.lost is None:
             self._send("end of run", self.client.set_terminated, self.run_id, status)
+
+    # ------------------------------------------------------------ the headline, at the end
+    def _headline(self) -> None:
+        """The finished run's headline metrics (mlflow_ui.headline) from the summary.json it
+        has just written, also as the first paragraph of its description; a DDP run gives
+        their figure against DDP to the runs of its point that finished before it."""
+        path = self.out / "summary.json" if self.out is not None else None
+        if path is None or not path.exists():
+            return
+        summary = json.loads(path.read_text())
+        point = self._point() if self.lost is None else None
+        ddp = self._ddp_bytes_per_step(point) if point and summary["method"] != "ddp" else None
+        figures = headline(summary, ddp)
+        self.metrics(summary["steps"], figures)
+        self.flush()
+        if self.lost is None:
+            self._note(self.run_id, figures)
+        if point and summary["method"] == "ddp":
+            self._give_baseline(point, summary["traffic"]["inter_node_bytes_per_step"])
+
+    def _point(self) -> str | None:
+        """A search filter for the finished runs of this run's point of the experiment matrix
+        (model, data, nodes x ranks per node, batch per rank), or None if unknown."""
+        try:
+            run = self.client.get_run(self.run_id)
+        except Exception as err:
+            print(f"[abtrain] warning: no {BYTES_VS_DDP}: {err}", file=sys.stderr)
+            return None
+        tags = run.data.tags
+        keys = ("model", "nodes", "ranks_per_node", "batch_size")
+        if any(k not in tags or "'" in tags[k] for k in keys):
+            return None
+        terms = [f"tags.{k} = '{tags[k]}'" for k in keys] + ["attributes.status = 'FINISHED'"]
+        terms += [f"dataset.digest = '{d.dataset.digest}'" for d in run.inputs.dataset_inputs]
+        return " and ".join(terms)
+
+    def _ddp_bytes_per_step(self, point: str) -> float | None:
+        """The inter-node bytes per step of the newest finished DDP run of this point."""
+        try:
+            found = self.client.search_runs(
+                [self.experiment_id],
+                f"{point} and tags.method = 'ddp'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
+        except Exception as err:
+            print(f"[abtrain] warning: no {BYTES_VS_DDP}: {err}", file=sys.stderr)
+            return None
+        return found[0].data.metrics.get(PER_STEP) if found else None
+
+    def _give_baseline(self, point: str, ddp_bytes_per_step: float) -> None:
+        """`Bytes vs DDP` for the runs of this point that finished with a headline but
+        without it (before any DDP run of theirs did), so the figure doesn't depend on the
+        order runs end in."""
+        if not ddp_bytes_per_step:
+            return
+        try:
+            runs = self.client.search_runs(
+                [self.experiment_id], f"{point} and tags.method != 'ddp'", max_results=1000
+            )
+            for run in runs:
+                metrics = run.data.metrics
+                if BYTES_VS_DDP in metrics or not {TOP1_BEST, PER_STEP} <= set(metrics):
+                    continue
+                ratio = round(metrics[PER_STEP] / ddp_bytes_per_step, 3)
+                # at the step of the run's other headline metrics, its last
+                step = self.client.get_metric_history(run.info.run_id, TOP1_BEST)[-1].step
+                self.client.log_metric(run.info.run_id, BYTES_VS_DDP, ratio, step=step)
+                self._note(run.info.run_id, {**metrics, BYTES_VS_DDP: ratio})
+        except Exception as err:
+            print(f"[abtrain] warning: {BYTES_VS_DDP} of earlier runs: {err}", file=sys.stderr)
+
+    def _note(self, run_id: str, figures: dict[str, float]) -> None:
+        """The run's description, led by its headline figures (shown atop the run page)."""
+        try:
+            note = self.client.get_run(run_id).data.tags.get("mlflow.note.content", "")
+            self.client.set_tag(run_id, "mlflow.note.content", headline_note(figures, note))
+        except Exception as err:
+            print(f"[abtrain] warning: the run's description: {err}", file=sys.stderr)

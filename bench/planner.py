@@ -25,7 +25,7 @@ from abtrain import config as abconfig
 from abtrain.files import atomic_write_text, read_record
 from abtrain.methods import kind
 from abtrain.models import label as model_label
-from abtrain.plan import phase_compute
+from abtrain.plan import predict
 from abtrain.planner import Plan, buffer_broadcast, footprint, plan, step_flops, timing
 from pipeline.common import base_config, run_overrides, runs, stage
 
@@ -226,24 +226,22 @@ def network_check(params: dict) -> list[dict]:
         for r in bench["results"]:
             if r["method"] not in free:
                 continue
+            free_seconds = free[r["method"]]["step_seconds"]
             own = bench.get("method_overrides", {}).get(r["method"], [])  # its --method-set
             sets = [f"method={r['method']}", *bench["overrides"], *own]
             cfg = abconfig.from_dict(params["train"], sets)
-            pl = plan(cfg, bench["nodes"], bench["ranks_per_node"], classes=10)
-
-            # the unshaped steps hold the syncs' local work already (no 'sync' entry):
-            # the shaped link adds their bytes' time
-            compute = phase_compute(pl, free[r["method"]]["step_seconds"])
-            t = timing(pl, bench["ranks_per_node"], compute, link)
-            predicted = t.mean_step_seconds
+            # the time model `abtrain plan` and bench.rates use; the unshaped steps hold the
+            # syncs' local work already (no 'sync' entry): the link adds their bytes' time
+            t = predict(cfg, bench["nodes"], bench["ranks_per_node"], 10, free_seconds, link)
+            measured = measured_mean(t.plan, r["step_seconds"])
             out.append(
                 dict(
                     method=r["method"],
                     rate=rate,
                     nodes=bench["nodes"],
-                    measured_step_seconds=measured_mean(pl, r["step_seconds"]),
-                    predicted_step_seconds=predicted,
-                    error=predicted / measured_mean(pl, r["step_seconds"]) - 1,
+                    measured_step_seconds=measured,
+                    predicted_step_seconds=t.mean_step_seconds,
+                    error=t.mean_step_seconds / measured - 1,
                 )
             )
     return out

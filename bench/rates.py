@@ -25,7 +25,8 @@ shape has none (training is deterministic in the link: the same steps reach the 
 accuracy at every rate). Compute per phase: the unshaped run of the same shape, else that of
 another shape with the same world size (the same ranks share this machine's cores).
 Crossovers: where two methods' predicted times to target are equal, found by bisection on
-the model between 20 Mbit/s and 10 Gbit/s.
+the model between 20 Mbit/s and 10 Gbit/s; each names the measured rates at which the two
+methods' measured order is not the model's (`contradicted_by`; drawn hollow).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import yaml
 
 from abtrain import config as abconfig
 from abtrain.files import atomic_write_text, read_record
-from abtrain.plan import ToTarget
+from abtrain.plan import MODEL_ERROR, ToTarget
 from bench.planner import measured_mean, rate_bytes_per_s
 from pipeline.common import stage
 
@@ -59,7 +60,8 @@ RULES = dict(
     prediction="the unshaped run's training seconds at the target step plus the time the "
     "planner's time model adds over the link to the steps and syncs before it",
     crossovers="from the time model (bisection between 20 Mbit/s and 10 Gbit/s), not from "
-    "the measured points",
+    "the measured points; contradicted_by: the measured rates at which the two methods' "
+    "measured order is not the model's",
 )
 
 
@@ -250,6 +252,28 @@ def _crossings(models: dict[str, ToTarget]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda c: c["link_bytes_per_s"])
 
 
+def contradicted(pair: list[str], rates: list[dict[str, Any]]) -> list[str]:
+    """The measured rates at which the pair's measured order to the target is not the
+    model's, by more than the model's error (abtrain.plan.MODEL_ERROR: two methods measured
+    closer than that are a tie the model need not order): a crossover of the pair drawn
+    there would claim what was measured otherwise."""
+    a, b = pair
+    out = []
+    for r in rates:
+        rows = {x["method"]: x for x in r["methods"]}
+        if a not in rows or b not in rows:
+            continue
+        x, y = rows[a], rows[b]
+        times = (x["seconds_to_target"], y["seconds_to_target"])
+        model = (x["predicted_seconds_to_target"], y["predicted_seconds_to_target"])
+        if None in times or None in model:
+            continue
+        apart = max(times) / min(times) - 1 > MODEL_ERROR
+        if apart and (times[0] < times[1]) != (model[0] < model[1]):
+            out.append(r["rate"])
+    return out
+
+
 def analyse(params: dict, files: list[dict[str, Any]]) -> dict[str, Any]:
     """Measured and predicted time to target of every method at every rate and shape."""
     shapes: dict[tuple[int, int], list[dict]] = {}
@@ -306,6 +330,12 @@ def analyse(params: dict, files: list[dict[str, Any]]) -> dict[str, Any]:
                 else None
             )
             ordered = sorted(x["seconds_to_target"] for x in reached)
+            took = {x["method"]: x["seconds_to_target"] for x in reached}
+            # the model's pick is right if it was first, or measured within the model's
+            # error of the first (a tie it need not break)
+            matches = guess == fastest or (
+                guess in took and took[guess] / took[fastest] - 1 < MODEL_ERROR
+            )
             rates.append(
                 dict(
                     rate=d["rate"],
@@ -331,7 +361,7 @@ def analyse(params: dict, files: list[dict[str, Any]]) -> dict[str, Any]:
                             predicted_seconds_to_target=x["predicted_seconds_to_target"],
                             fastest=fastest,
                             predicted_fastest=guess,
-                            recommendation_matches=guess == fastest,
+                            recommendation_matches=matches,
                         )
                     )
         out_shapes.append(
@@ -343,7 +373,10 @@ def analyse(params: dict, files: list[dict[str, Any]]) -> dict[str, Any]:
                 if free_bench
                 else None,
                 rates=rates,
-                crossovers=_crossings(models),
+                crossovers=[
+                    {**c, "contradicted_by": contradicted(c["methods"], rates)}
+                    for c in _crossings(models)
+                ],
                 model_curves={
                     m: [
                         (x * 8 / 1e6, mod.seconds(x))
@@ -430,7 +463,10 @@ def plot(summary: dict[str, Any], path: Path) -> None:
             listed = []
             for k, c in enumerate(shape["crossovers"], 1):
                 y = c["seconds_to_target"]
-                ax.plot(c["mbit_per_s"], y, "X", color="black", ms=8, zorder=5)
+                against = c.get("contradicted_by")
+                # hollow: the measured points order the two methods otherwise
+                fill = "none" if against else "black"
+                ax.plot(c["mbit_per_s"], y, "X", color="black", mfc=fill, ms=8, zorder=5)
                 ax.annotate(
                     str(k),
                     (c["mbit_per_s"], y),
@@ -443,6 +479,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
                 listed.append(
                     f"{k}: {c['mbit_per_s']:.0f} Mbit/s, {c['faster_below']} faster below, "
                     f"{c['faster_above']} above"
+                    + (f"; measured otherwise at {', '.join(against)}" if against else "")
                 )
             ticks = [20, 50, 200, 1000, 10_000, free_x]
             ax.set_xscale("log")
@@ -475,6 +512,11 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         handles = style.handles(methods, filled=False)
         label = "crossover (model)"
         handles.append(plt.Line2D([], [], color="black", marker="X", ls="", label=label))
+        if any(c.get("contradicted_by") for shape in shapes for c in shape["crossovers"]):
+            label = "crossover the measured\npoints contradict"
+            handles.append(
+                plt.Line2D([], [], color="black", marker="X", mfc="none", ls="", label=label)
+            )
         fig.legend(
             handles=handles,
             fontsize=8,
@@ -519,9 +561,11 @@ def print_summary(summary: dict[str, Any]) -> None:
                 f"{'':<10}fastest: {r['fastest']} (measured), {r['predicted_fastest']} (predicted)"
             )
         for c in shape["crossovers"]:
+            against = c.get("contradicted_by")
             print(
                 f"crossover at {c['mbit_per_s']:.0f} Mbit/s: {c['faster_below']} faster below, "
                 f"{c['faster_above']} above"
+                + (f" (the measured order disagrees at {', '.join(against)})" if against else "")
             )
 
 

@@ -54,8 +54,7 @@ def train(
     extra: list[str],
     search_best: bool = False,
 ) -> None:
-    from pipeline.common import params, run_overrides, runs
-    from pipeline.train import best_config
+    from pipeline.common import best_config, params, run_overrides, runs
 
     p = params()
     matrix = runs(p)
@@ -264,8 +263,7 @@ def report(
     search_best: bool = False,
     extra: tuple[str, ...] | list[str] = (),
 ) -> dict[str, Any]:
-    from pipeline.common import params
-    from pipeline.train import best_config
+    from pipeline.common import best_config, params
 
     found = collect(names, seeds, runs_dir)
     summary = summarize(found, names[0], names[1])

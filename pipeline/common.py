@@ -8,7 +8,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,19 @@ def move_aside(out: Path) -> Path:
         backup = out.with_name(f"{out.name}.moved-{stamp}-{n}")
     os.rename(out, backup)
     return backup
+
+
+# keys of `train` that change no number a run computes: no stage need track them
+def covered(key: str, prefixes: Iterable[str]) -> bool:
+    """`key` is one of `prefixes` or lies under one (train.optim covers train.optim.lr)."""
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def leaves(node: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of a nested section's values (an empty section counts as one)."""
+    if isinstance(node, dict) and node:
+        return [leaf for k, v in node.items() for leaf in leaves(v, f"{prefix}{k}.")]
+    return [prefix.rstrip(".")]
 
 
 def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
@@ -227,6 +240,28 @@ def nogroups_sets(p: dict[str, Any], run: Run) -> list[str]:
 # docstring says where this differs from the search's floor): AB phase lengths need a step
 # at least; warm-ups, and every other knob, may be empty.
 RUN_FLOORS = {"ab.ab_steps": 1, "ab.rebound_steps": 1}
+
+
+def best_config(p: dict) -> dict | None:
+    """The search's best the runs take values from (search.use_best), or None."""
+    if not p["search"]["use_best"]:
+        return None
+    path = SEARCHES / p["search"]["backend"] / "best.json"
+    if not path.exists():
+        raise SystemExit(
+            f"search.use_best names keys but {path} does not exist: run the search stage "
+            f"(dvc repro search@{p['search']['backend']})"
+        )
+    return read_record(path, ("params", "overrides"), f"dvc repro search@{p['search']['backend']}")
+
+
+def seeds(p: dict[str, Any]) -> list[int]:
+    """The seeds each run of the matrix trains at: `train.seed` and the next
+    `experiments.seeds` - 1."""
+    count, first = p["experiments"]["seeds"], p["train"]["seed"]
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise abconfig.ConfigError(f"experiments.seeds must be a count of 1 or more, not {count!r}")
+    return [first + i for i in range(count)]
 
 
 def resolve(

@@ -85,6 +85,7 @@ def render(dvc_yaml: Path = DVC_YAML) -> list[Path]:
     """SVG, PNG and an offline HTML page of each chart; nothing when no run has a curve."""
     import vl_convert as vlc
 
+    offline_template()  # the same charts under `dvc plots show`, also offline
     made = []
     for name, props in definitions(dvc_yaml).items():
         source = Path(props["source"])
@@ -105,12 +106,48 @@ def render(dvc_yaml: Path = DVC_YAML) -> list[Path]:
     return made
 
 
-def main() -> int:
+# `dvc plots show`'s page, offline: .dvc/config's plots.html_template names this file (a
+# path under .dvc/), which inlines Vega, Vega-Lite and Vega-Embed from vl-convert's own
+# bundle; DVC's default page loads them from a CDN and stays blank without a network
+OFFLINE_TEMPLATE = Path(".dvc/tmp/plots_offline.html")
+PAGE = """<!DOCTYPE html>
+<html>
+<head>
+<meta charset="utf-8">
+<title>DVC plots (abtrain)</title>
+<script>
+{bundle}
+</script>
+</head>
+<body>
+{{plot_divs}}
+</body>
+</html>
+"""
+
+
+def offline_template(path: Path = OFFLINE_TEMPLATE) -> Path:
+    """Write the page template `dvc plots show` uses (once; vl-convert's bundle is fixed),
+    in a DVC repository (its .dvc/ folder); elsewhere nothing."""
+    import vl_convert as vlc
+
+    if path.parent.parent.is_dir() and not path.exists():
+        bundle = vlc.javascript_bundle().replace("</script", "<\\/script")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes(path, PAGE.format(bundle=bundle).encode())
+    return path
+
+
+def main(template_only: bool = False) -> int:
+    print(f"[pipeline] plots: {offline_template()} (dvc plots show's offline page)")
+    if template_only:
+        return 0
     for path in render():
         print(f"[pipeline] plots: {path}")
     return 0
 
 
 if __name__ == "__main__":
-    parser("pipeline.plots", __doc__).parse_args()
-    sys.exit(main())
+    ap = parser("pipeline.plots", __doc__)
+    ap.add_argument("--template", action="store_true", help="only the dvc plots show template")
+    sys.exit(main(ap.parse_args().template))

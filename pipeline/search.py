@@ -20,15 +20,25 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from abtrain import config as abconfig
 from abtrain.config import ConfigError
 from abtrain.files import atomic_write_text, read_record, read_record_rows
-from pipeline.common import RUNS, SEARCHES, move_aside, params, parser, stage
+from pipeline.common import (
+    RUNS,
+    SEARCHES,
+    covered,
+    leaves,
+    move_aside,
+    params,
+    parser,
+    stage,
+)
 from search import record
 from search.launch import mpirun_command
 
@@ -83,26 +93,14 @@ def stage_line(p: dict, backend: str) -> str:
 
 
 # keys of `train` that change no number a search finds
-NOT_INPUTS = ("keep_checkpoints", "tracking", "dist.timeout_s")
-
-
-def _covered(key: str, prefixes: Iterable[str]) -> bool:
-    return any(key == p or key.startswith(p + ".") for p in prefixes)
-
-
-def _leaves(node: Any, prefix: str = "") -> list[str]:
-    """The dotted keys of a nested section's values (an empty section counts as one)."""
-    if isinstance(node, dict) and node:
-        return [leaf for k, v in node.items() for leaf in _leaves(v, f"{prefix}{k}.")]
-    return [prefix.rstrip(".")]
-
-
 def search_inputs(p: dict[str, Any]) -> set[str]:
     """The keys of `train` whose values the search's runs read: all but those search.train or
     the space set, and those that change no number."""
     set_by = {o.partition("=")[0].strip() for o in p["search"]["train"]} | set(p["search"]["space"])
     return {
-        k for k in _leaves(p["train"]) if not _covered(k, set_by) and not _covered(k, NOT_INPUTS)
+        k
+        for k in leaves(p["train"])
+        if not covered(k, set_by) and not covered(k, abconfig.NOT_TRAINING)
     }
 
 
@@ -111,7 +109,7 @@ def untracked_inputs(p: dict[str, Any], dvc_yaml: Path = Path("dvc.yaml")) -> li
     search.train or the space): a change of them would not rerun the search."""
     listed = yaml.safe_load(dvc_yaml.read_text())["stages"]["search"]["do"]["params"]
     tracked = [x.removeprefix("train.") for x in listed if x.startswith("train.")]
-    return sorted(k for k in search_inputs(p) if not _covered(k, tracked))
+    return sorted(k for k in search_inputs(p) if not covered(k, tracked))
 
 
 def check(p: dict[str, Any], args: list[str]) -> None:

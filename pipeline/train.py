@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
-from abtrain.files import atomic_write_text, read_record
+from abtrain.files import atomic_write_text
 from abtrain.launch import run_local
 from abtrain.progress import duration
 from pipeline.common import (
@@ -25,27 +25,18 @@ from pipeline.common import (
     RUNS,
     SEARCHES,
     Run,
+    best_config,
     params,
     parser,
     provenance,
     resolve,
     runs,
+    seeds,
     stage,
 )
+from pipeline.resolve import check as check_resolved
 
 RESULTS, METRICS, PLOTS = Path("results"), Path("metrics"), Path("plots")
-
-
-def best_config(p: dict) -> dict | None:
-    if not p["search"]["use_best"]:
-        return None
-    path = SEARCHES / p["search"]["backend"] / "best.json"
-    if not path.exists():
-        raise SystemExit(
-            f"search.use_best names keys but {path} does not exist: run the search stage "
-            f"(dvc repro search@{p['search']['backend']})"
-        )
-    return read_record(path, ("params", "overrides"), f"dvc repro search@{p['search']['backend']}")
 
 
 def search_tags(p: dict) -> list[str]:
@@ -93,11 +84,8 @@ def seed_folders(p: dict, name: str) -> list[tuple[int, Path]]:
     """(seed, run folder) of each seed of run NAME: `train.seed` and the next
     `experiments.seeds` - 1. The first trains in runs/train/NAME, the others in
     runs/train/NAME/seeds/SEED (inside the stage's output, resumed and cleared with it)."""
-    count, first = p["experiments"]["seeds"], p["train"]["seed"]
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise abconfig.ConfigError(f"experiments.seeds must be a count of 1 or more, not {count!r}")
     out = RUNS / "train" / name
-    return [(first + i, out if i == 0 else out / "seeds" / str(first + i)) for i in range(count)]
+    return [(s, out if i == 0 else out / "seeds" / str(s)) for i, s in enumerate(seeds(p))]
 
 
 def over_seeds(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -193,6 +181,7 @@ def main(name: str) -> int:
         raise SystemExit(f"experiments.runs has no run named {name!r}")
     run = matrix[name]
     best = best_config(p)
+    check_resolved(p, run, best)  # what DVC tracked for this run is what trains
     resolved = resolve(p, run, best)
     steps = next(o.value for o in reversed(resolved) if o.key == "steps")
     print(stage_line(matrix, name, steps), flush=True)

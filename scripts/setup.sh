@@ -16,3 +16,5 @@ fi
 # `import abtrain` from anywhere in the environment (examples/, a user's own script), the
 # checkout itself on the path: edits take effect without reinstalling
 .venv/bin/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "abtrain-checkout.pth").write_text(str(pathlib.Path.cwd()) + "\n")'
+# `dvc plots show`'s page template, with Vega inlined (.dvc/config names it): offline as ever
+.venv/bin/python -m pipeline.plots --template > /dev/null

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
+from abtrain.mlflow_browser import mlflow_server  # noqa: F401 (the tests' one server start-up)
+
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
 
@@ -235,34 +237,3 @@ def pytest_runtest_protocol(item, nextitem):
         yield
     finally:
         _current = None
-
-
-def mlflow_server(store_uri: str, port: int, artifacts: Path | None = None):
-    """A real `mlflow server` on 127.0.0.1:`port` over `store_uri`, in a session of its own
-    (stop it with os.killpg), returned once it answers /health."""
-    import time
-    import urllib.request
-
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri]
-    if artifacts is not None:
-        cmd += ["--artifacts-destination", str(artifacts)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    server = subprocess.Popen(
-        cmd,
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            return server
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                raise AssertionError(
-                    f"mlflow server on port {port} did not answer /health in 120 s"
-                ) from None
-            time.sleep(0.5)

@@ -9,17 +9,19 @@ metrics: each run's inter-node bytes per step against its ddp run's; one file pe
 `dvc metrics show` adds one column, not one per run) and the figures.
 
 `python -m pipeline.report` runs `main()`; `--readme` copies reports/headline.md into the
-README (readme.copy_headline). The parts: tables (the results read, the rows computed),
+README (readme.copy_headline). The parts: tables (every file read, the rows computed),
 figures (matplotlib, and the captions of the DVC plots `pipeline.plots` renders), page (the
-Markdown page, a function per section), notes (the notes under the tables), readme (the
-README's opening).
+Markdown page assembled, its opening and terms), verdict, accuracy, paper (traffic and
+compression beside the paper's) and studies (seeds, lengths, searches): the page's sections;
+notes (the notes under the tables), markdown (the formatting and the one table builder
+they share), readme (the README's opening).
 """
 
 from __future__ import annotations
 
 import json
 
-from abtrain.files import atomic_write_text, read_record
+from abtrain.files import atomic_write_text
 from pipeline.common import params, runs
 
 # as modules: `from pipeline.report.figures import figures` here would hide the module
@@ -37,9 +39,12 @@ def main() -> int:
     tables.write_csv(REPORTS / "table1_traffic.csv", t1)
     tables.write_csv(REPORTS / "table2_compression.csv", t2)
     atomic_write_text(REPORTS / "runs.json", json.dumps(done, indent=2))
-    tables.write_metrics(tables.vs_ddp(done))
+    ratios = tables.vs_ddp(done)
+    tables.write_metrics(ratios)
+    headline = tables.headline_metrics(done, ratios)
+    atomic_write_text(REPORTS / "headline.json", json.dumps(headline, indent=2) + "\n")
     atomic_write_text(REPORTS / "curves.json", json.dumps(tables.curves(done), indent=2))
-    paper = read_record(page.PAPER)
+    paper = tables.paper_reference()
     studies = tables.seed_studies(p)
     glance = figures.verdict_figure(done, studies) if done else None
     pics = figures.figures(done, p, studies) if done else []

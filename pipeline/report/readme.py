@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from abtrain.files import atomic_write_text, read_record
+from abtrain.files import atomic_write_text
 from pipeline.report import tables
-from pipeline.report.page import PAPER, RERUNS, fmt, verdict
+from pipeline.report.markdown import fmt, table
 from pipeline.report.tables import REPORTS
+from pipeline.report.verdict import verdict
 
 HEADLINE = REPORTS / "headline.md"
 
@@ -19,29 +20,42 @@ def headline(
 ) -> str:
     """reports/headline.md: the README's opening, copied there between its markers (a test
     keeps the two equal), so the README's figures are the report's. The verdict first (the
-    report's own, page.verdict, without this machine's GB/s, so that it reproduces), then
+    report's own, verdict.verdict, without this machine's GB/s, so that it reproduces), then
     every run of the matrix. `paper`: pipeline/paper_reference.json, read if not given."""
-    paper = paper if paper is not None else read_record(PAPER)
+    paper = paper if paper is not None else tables.paper_reference()
     traffic = {r["run"]: r for r in t1}
     top = verdict(p, acc, t1, paper, tables.seed_studies(p))
+    head = [
+        "run",
+        "method",
+        "nodes × ranks",
+        "batch per rank",
+        "best top-1",
+        "inter-node MB/step/rank",
+        "bytes vs ddp",
+    ]
+    rows = []
+    for r in acc:
+        t = traffic[r["run"]]
+        rows.append(
+            [
+                r["run"],
+                r["method"],
+                f"{r['nodes']} × {r['ranks_per_node']}",
+                r["global_batch"] // (r["nodes"] * r["ranks_per_node"]),
+                f"{r['best_top1']:.2f}%",
+                f"{t['inter_bytes_per_step'] / 1e6:.2f}",
+                fmt(t["ratio_to_ddp"], ".3f"),
+            ]
+        )
     lines = [
         "Every run of the matrix, one seed each (the report, `reports/README.md`, has the rest):",
         "",
-        "| run | method | nodes × ranks | batch per rank | best top-1 | inter-node MB/step/rank "
-        "| bytes vs ddp |",
-        "|---|---|---|---|---|---|---|",
+        *table(head, rows),
     ]
-    for r in acc:
-        t = traffic[r["run"]]
-        lines.append(
-            f"| {r['run']} | {r['method']} | {r['nodes']} × {r['ranks_per_node']} | "
-            f"{r['global_batch'] // (r['nodes'] * r['ranks_per_node'])} | "
-            f"{r['best_top1']:.2f}% | {t['inter_bytes_per_step'] / 1e6:.2f} | "
-            f"{fmt(t['ratio_to_ddp'], '.3f')} |"
-        )
     text = []
-    if RERUNS.exists():
-        d = read_record(RERUNS)
+    d = tables.reruns()
+    if d is not None:
         gap, ratio = d["spread"]["top1 gap (points)"], d["spread"]["bytes ratio"]
         lr = [r["params"].get("optim.lr") for r in d["rows"] if "optim.lr" in r["params"]]
         text.append(

@@ -1,7 +1,10 @@
 """The report's tables: the runs' results read, and the rows computed from them.
 
 Reads results/NAME.json (each run's summary and its place in the matrix), plots/NAME.json
-(its validation curve) and runs/train/NAME/config.json (its schedule, for ECR*); writes the
+(its validation curve) and runs/train/NAME/config.json (its schedule, for ECR*), and every
+other file the page's sections stand on (the paper's values, the planner's predictions, the
+searches' bests and reruns, the seed, length and network studies), so that the modules
+that write the page read none; writes the
 tables as CSV, reports/metrics/NAME.json (DVC metrics: each run's inter-node bytes per step
 against its ddp run's; one file per run, so `dvc metrics show` adds one column, not one per
 run). Missing runs are left out here; the page leaves a gap (—) for them.
@@ -18,9 +21,10 @@ from typing import Any
 
 from abtrain import config as abconfig
 from abtrain import schedule
+from abtrain.config import BASELINE
 from abtrain.files import atomic_write_text, read_record
-from pipeline.common import RUNS, SEARCHES, resolve, runs
-from pipeline.train import best_config, scalars
+from pipeline.common import RUNS, SEARCHES, best_config, resolve, runs
+from pipeline.train import scalars
 
 REPORTS = Path("reports")
 METRICS = REPORTS / "metrics"
@@ -74,6 +78,34 @@ def vs_ddp(done: dict[str, dict]) -> dict[str, dict[str, float]]:
                 "vs_ddp": round(per_step(s) / per_step(base), 6),
                 "top1_best_vs_ddp": round(s["val_top1"]["best"] - base["val_top1"]["best"], 4),
             }
+    return out
+
+
+# the methods reports/headline.json gives: the paper's, its best-known peer, the two together
+HEADLINE_METHODS = ("ab", "powersgd", "ab_powersgd")
+
+
+def headline_metrics(done: dict[str, dict], ratios: dict[str, dict[str, float]]) -> dict:
+    """reports/headline.json, the DVC metrics `dvc exp show` shows at a glance (few, with
+    short names, to fit 160 columns beside the params an experiment changed): at the scale
+    of the matrix's first ddp run (its batch scheme too), that run's best top-1 and, for the
+    run of each of HEADLINE_METHODS there (named by its run name without the scale: ab,
+    psgd, abps), its best top-1 minus ddp's in points (`_dtop1`) and its inter-node bytes
+    over ddp's (`_bytes`)."""
+    ref = next((n for n, s in done.items() if s["method"] == BASELINE), None)
+    if ref is None:
+        return {}
+    scale = {k: done[ref]["run"][k] for k in ("nodes", "ranks_per_node", "batch")}
+    suffix = ref[ref.find("-") :] if "-" in ref else "\0"  # ddp-2x2: "-2x2"
+    out = {"ddp_top1": round(done[ref]["val_top1"]["best"], 2)}
+    for name, s in done.items():
+        if s["method"] not in HEADLINE_METHODS or name not in ratios:
+            continue
+        if any(s["run"][k] != v for k, v in scale.items()):
+            continue
+        short = name.removesuffix(suffix) if name.endswith(suffix) else name
+        out[f"{short}_dtop1"] = round(ratios[name]["top1_best_vs_ddp"], 2)
+        out[f"{short}_bytes"] = round(ratios[name]["vs_ddp"], 3)
     return out
 
 
@@ -350,6 +382,20 @@ def search_folders() -> list[Path]:
     return [f for f in sorted(SEARCHES.glob("*")) if (f / "evaluations.jsonl").exists()]
 
 
+def search_best(folder: Path, keys: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """A search's best (FOLDER/best.json, holding `keys`), or None where it wrote none."""
+    path = folder / "best.json"
+    return read_record(path, keys) if path.exists() else None
+
+
+RERUNS = REPORTS / "search-reruns" / "reruns.json"
+
+
+def reruns() -> dict[str, Any] | None:
+    """The search reruns (`python -m bench.search_reruns`), or None where there are none."""
+    return read_record(RERUNS) if RERUNS.exists() else None
+
+
 SEED_STUDY_SETS = ("seed=S", "tracking.enabled=false")  # every study's (bench.seeds)
 # what a study's file made before its command recorded the model was trained with
 EARLIER_MODEL_WHAT = "abtrain's own ViT, before the models were timm's"
@@ -528,3 +574,24 @@ def first_to_target(
             )
         )
     return out
+
+
+# ---------------------------------------------------------------- the paper and the planner
+PAPER = Path("pipeline/paper_reference.json")
+PLANNER = Path("bench/results/planner.json")
+
+
+def paper_reference() -> dict[str, Any]:
+    """The paper's published values (pipeline/paper_reference.json)."""
+    return read_record(PAPER)
+
+
+def planner() -> dict[str, Any] | None:
+    """The planner's prediction at the paper's scale (`python -m bench.planner`), or None
+    where it has not run."""
+    return read_record(PLANNER) if PLANNER.exists() else None
+
+
+def table2_study() -> bool:
+    """Whether the Table 2 study (`bash scripts/table2.sh`) wrote its page under reports/."""
+    return (REPORTS / "table2" / "README.md").exists()

@@ -200,15 +200,24 @@ def test_an_ab_run_pays_the_link_only_at_full_rank_and_in_its_syncs():
 
 def test_the_time_model_predicts_the_emulated_clusters_step_times():
     """bench.network's committed runs: each method's unshaped per-phase step times plus its
-    planned bytes over the shaped link give its shaped mean step time within 15%."""
+    planned bytes over the shaped link give its shaped mean step time within 10%, as
+    bench.rates predicts it (one time model)."""
+    from bench import rates
     from bench.planner import network_check
 
-    check = network_check(yaml.safe_load((ROOT / "params.yaml").read_text()))
-    assert {c["method"] for c in check} >= {"ddp", "ab", "powersgd"}
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    check = network_check(params)
+    assert {c["method"] for c in check} >= {"ddp", "ab", "powersgd", "ab_powersgd"}
+    same = {
+        (c["rate"], c["method"]): c["predicted_step_seconds"]
+        for c in rates.analyse(params, rates.load(ROOT / "bench/results"))["check"]
+        if (c["nodes"], c["ranks_per_node"]) == (2, 2)
+    }
     for c in check:
-        # ab_powersgd's 50 Mbit/s and 1 Gbit/s runs were made while this machine ran about
-        # 20% faster than when its unshaped run was made (docs/benchmarks.md)
-        assert abs(c["error"]) <= (0.30 if c["method"] == "ab_powersgd" else 0.15), c
+        assert c["predicted_step_seconds"] == pytest.approx(same[c["rate"], c["method"]])
+        # ab_powersgd's runs contradict each other by more than 10% (this machine's speed
+        # drifted between them): tests/abtrain/test_plan_cli.py, docs/benchmarks.md
+        assert abs(c["error"]) <= (0.30 if c["method"] == "ab_powersgd" else 0.10), c
 
 
 @pytest.mark.slow  # plans every paper-scale run: ~35 s of CPU

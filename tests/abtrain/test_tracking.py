@@ -2,22 +2,18 @@
 
 import csv
 import hashlib
-import html
 import json
-import os
 import re
 import shutil
-import socket
-import subprocess
 import tempfile
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import launch, mlflow_server, summary
+from abtrain.mlflow_browser import free_port
+from tests.conftest import launch, summary
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -98,14 +94,11 @@ def test_run_names_and_tags_tell_matrix_points_apart(tracked):
     from tests.conftest import tiny_config
 
     d, _, _, runs, _ = tracked
-    assert runs["ab"].info.run_name == "ab-mlp-synthetic-2x1-b16"
+    assert runs["ab"].info.run_name == "ab-2x1-b16"  # whole in the runs table
     assert runs["ddp"].info.run_name == "ddp-2x1-local"
     assert runs["ddp"].data.tags["scale"] == "2x1" and "batch" not in runs["ddp"].data.tags
     s = summary(d / "ab")
-    assert (s["run_name"], s["tags"]) == (
-        "ab-mlp-synthetic-2x1-b16",
-        {"scale": "2x1", "batch": "local"},
-    )
+    assert (s["run_name"], s["tags"]) == ("ab-2x1-b16", {"scale": "2x1", "batch": "local"})
     assert (s["batch_size"], s["global_batch"], s["ranks_per_node"]) == (16, 32, 1)
     # the matrix's points of one method: 2x2, 2x1 at a local batch, 2x1 at a global batch
     cfg, small = tiny_config(), tiny_config("batch_size=8")
@@ -205,6 +198,94 @@ def test_final_metrics_equal_the_summary(tracked):
         assert evals[-1] + tail == t["inter_node_bytes"]
 
 
+def per_step(s: dict) -> float:
+    return s["traffic"]["inter_node_bytes_per_step"]
+
+
+@pytest.mark.multiprocess
+def test_headline_is_rounded_compared_with_ddp_and_leads_the_description(tracked):
+    """AB finished first, without a DDP run of its point to compare with; DDP, at its end,
+    gave it its `Bytes vs DDP` (pipeline/report/tables.py's vs_ddp, rounded)."""
+    from abtrain.mlflow_ui import NOTE_START
+
+    d, _, client, runs, _ = tracked
+    ab, ddp = summary(d / "ab"), summary(d / "ddp")
+    want = {
+        "ab": {
+            "Top-1 best": round(ab["val_top1"]["best"], 2),
+            "Top-1 final": round(ab["val_top1"]["final"], 2),
+            "Bytes vs DDP": round(per_step(ab) / per_step(ddp), 3),
+            "Compression": round(ab["compression_ratio"], 3),
+        },
+        "ddp": {
+            "Top-1 best": round(ddp["val_top1"]["best"], 2),
+            "Top-1 final": round(ddp["val_top1"]["final"], 2),
+            "Bytes vs DDP": 1.0,
+            "Compression": 1.0,
+        },
+    }
+    assert 0.05 < want["ab"]["Bytes vs DDP"] < 1  # AB sends less than DDP
+    for method, run in runs.items():
+        got = client.get_run(run.info.run_id).data
+        assert {k: got.metrics[k] for k in want[method]} == want[method], method
+        (point,) = client.get_metric_history(run.info.run_id, "Bytes vs DDP")
+        assert point.step == summary(d / method)["steps"]  # at the run's last step
+        note = got.tags["mlflow.note.content"]
+        first, _, rest = note.partition("\n\n")
+        shown = " · ".join(f"{k} **{v:g}**" for k, v in want[method].items())
+        assert first == f"{NOTE_START} {shown}", note
+        assert rest.startswith("Commit ")  # what the description said before stays
+
+
+def _finished(client, uri, tmp_path, name, method, batch, ab_bytes=None):
+    """A run through Tracker as the trainer drives it, its summary.json written by hand."""
+    from abtrain import config
+    from abtrain.tracking import Tracker, run_tags
+    from tests.conftest import PARAMS, TINY
+
+    out = tmp_path / name
+    out.mkdir()
+    sets = ["tracking.enabled=true", f"tracking.uri={uri}", f"tracking.run_name={name}"]
+    cfg = config.load(PARAMS, [*TINY, *sets, f"method={method}", f"batch_size={batch}"])
+    tracker = Tracker(cfg, active=True, out=out)
+    where = dict(world_size=2, nodes=2, ranks_per_node=1)
+    data = dict(name="synthetic", digest="d1", source="generated", profile={})
+    tracker.start(cfg, run_tags(cfg, where, 2 * batch, out), None, name, data)
+    per_step = ab_bytes if method != "ddp" else 1000.0
+    tracker.metrics(20, {"inter_node_bytes_per_step": per_step})
+    s = dict(
+        method=method,
+        steps=20,
+        val_top1=dict(best=31.456, final=30.004),
+        compression_ratio=1.23456 if method != "ddp" else 1.0,
+        traffic=dict(inter_node_bytes_per_step=per_step),
+    )
+    (out / "summary.json").write_text(json.dumps(s))
+    tracker.finish("FINISHED")
+    return client.get_run(tracker.run_id).data
+
+
+def test_bytes_vs_ddp_pairs_runs_of_one_point_whatever_order_they_end_in(tmp_path):
+    """An AB run that ends after its point's DDP run compares itself with it; one that ended
+    before gets the figure from DDP's end; a run of another batch size is not paired."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    before = _finished(client, uri, tmp_path, "ab-before", "ab", 16, ab_bytes=412.3456)
+    assert "Bytes vs DDP" not in before.metrics  # no DDP run of its point yet
+    _finished(client, uri, tmp_path, "ab-b8", "ab", 8, ab_bytes=300.0)
+    ddp = _finished(client, uri, tmp_path, "ddp", "ddp", 16)
+    after = _finished(client, uri, tmp_path, "ab-after", "ab", 16, ab_bytes=500.0)
+    assert ddp.metrics["Bytes vs DDP"] == 1.0
+    assert after.metrics["Bytes vs DDP"] == 0.5
+    exp = client.get_experiment_by_name("abtrain").experiment_id
+    runs = {r.info.run_name: r.data for r in client.search_runs([exp])}
+    assert runs["ab-before"].metrics["Bytes vs DDP"] == 0.412  # given by DDP's end
+    assert "Bytes vs DDP **0.412**" in runs["ab-before"].tags["mlflow.note.content"]
+    assert "Bytes vs DDP" not in runs["ab-b8"].metrics  # another point: no DDP run
+    assert after.metrics["Top-1 best"] == 31.46 and after.metrics["Top-1 final"] == 30.0
+    assert after.metrics["Compression"] == 1.235
+
+
 @pytest.mark.multiprocess
 def test_source_tags_dataset_input_and_system_metrics(tracked):
     _, _, client, runs, _ = tracked
@@ -234,7 +315,7 @@ def test_final_model_is_logged_with_a_signature_and_loads(tracked):
     models = client.search_logged_models([exp])
     assert [m.source_run_id for m in models] == [runs["ab"].info.run_id]  # not ddp's
     (model,) = models
-    assert model.name == runs["ab"].info.run_name == "ab-mlp-synthetic-2x1-b16"
+    assert model.name == runs["ab"].info.run_name == "ab-2x1-b16"
     assert model.tags["mlflow.source.name"] == "python -m abtrain train"  # not __main__.py
     assert model.artifact_location.startswith((d / "mlartifacts").as_uri())
     mlflow.set_tracking_uri(uri)
@@ -256,12 +337,6 @@ def test_plain_log_lines_tell_speed_and_time_left(tracked):
     lines = [ln for ln in stdout.splitlines() if re.match(r"\[abtrain\] step +\d+ ", ln)]
     assert lines and all(re.search(r"\d+\.\d{3} s/step, ETA \d+:\d\d:\d\d$", ln) for ln in lines)
     assert lines[-1].endswith("ETA 0:00:00")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.multiprocess
@@ -294,119 +369,100 @@ def test_unreachable_store_stops_the_run_unless_not_required(tmp_path):
     assert summary(tmp_path / "b")["steps"] == 12
 
 
-def visible_text(dom: str) -> str:
-    dom = re.sub(r"<(style|script)\b.*?</\1>", " ", dom, flags=re.S)
-    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", dom)))
-
-
-def compare_rows(text: str, runs: int) -> dict[str, list[str]]:
-    """The compare view's metric table: its name column comes first in the DOM, then the
-    values row by row, one per run (the rows it has rendered)."""
-    table = text.split("Metrics Show diff only", 1)[1].split("Artifacts", 1)[0].split()
-    names = [t for t in table if re.fullmatch(r"[A-Za-z_][\w/.-]*", t) and t != "NaN"]
-    values = table[len(names) :]
-    return {n: values[i * runs : (i + 1) * runs] for i, n in enumerate(names)}
+def shown(value: float) -> str:
+    """A number as the UI's JavaScript writes it."""
+    return repr(float(value)).removesuffix(".0")
 
 
 @pytest.mark.browser
 @pytest.mark.multiprocess
-def test_mlflow_ui_lists_the_runs_and_compares_ddp_with_ab_in_headless_chromium(tracked):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
+def test_key_figures_and_whole_run_names_fit_the_first_screen_in_headless_chromium(tracked):
+    """In a 1400 x 900 window (MLflow's Assistant panel closed, as from a browser's second
+    visit on): each run's name and headline figures in the runs table's Key figures view,
+    and a run's figures atop its page; the compare view sorts them first in its metrics."""
+    from abtrain.mlflow_browser import Browser, chromium, mlflow_server, stop
+    from abtrain.mlflow_ui import HEADLINE, NOTE_START, key_figures_link
+
+    if chromium() is None:
         pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    d, uri, _, runs, _ = tracked
+    d, uri, client, runs, _ = tracked
     exp = runs["ab"].info.experiment_id
     port = free_port()
     server = mlflow_server(uri, port)
-
-    def chrome(page: str, *args: str, height: int = 900) -> str:
-        flags = [
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--virtual-time-budget=30000",
-            "--run-all-compositor-stages-before-draw",
-            f"--user-data-dir={tempfile.mkdtemp()}",
-            f"--window-size=1400,{height}",
-        ]
-        done = subprocess.run(
-            [chromium, *flags, *args, page], capture_output=True, text=True, timeout=120
-        )
-        return done.stdout
-
+    url = f"http://127.0.0.1:{port}"
+    figures = {
+        m: {k: client.get_run(r.info.run_id).data.metrics[k] for k in HEADLINE}
+        for m, r in runs.items()
+    }
     try:
-        url = f"http://127.0.0.1:{port}"
-        # MLflow 3.17 picks an experiment's landing page from the workflow type (this URL
-        # parameter, else the browser's last choice, else GenAI), not from the experiment's
-        # tag: docs/tracking.md's link carries it
-        text = visible_text(
-            chrome(f"{url}/#/experiments/{exp}?workflowType=machine_learning", "--dump-dom")
-        )
-        assert "Runs - Experiment" in text
-        for run in runs.values():
-            assert run.info.run_name in text  # the runs table lists both by name
-        assert "python -m abtrain train" in text  # the source column
+        with Browser() as browser:
+            width, height = browser.window
+            # MLflow 3.17 picks an experiment's landing page from the workflow type (this
+            # URL parameter, else the browser's last choice, else GenAI), not from the
+            # experiment's tag: docs/tracking.md's link carries it
+            browser.open(
+                f"{url}/#/experiments/{exp}?workflowType=machine_learning",
+                "document.body.innerText.includes('python -m abtrain train')",  # Source
+            )
+            text = browser.text()
+            assert all(run.info.run_name in text for run in runs.values())  # listed by name
 
-        # the runs table's key figures, from the experiment's saved view (abtrain's link)
-        from abtrain.mlflow_ui import KEY_FIGURES, key_figures_link
+            browser.open(
+                f"{url}/{key_figures_link(exp)}",
+                "document.querySelectorAll('.ag-center-cols-container .ag-row').length >= 2",
+            )
+            text = browser.text()
+            assert "Key figures" in text and "You're viewing a shared view" in text
+            table = browser.runs_table()
+            columns = [f"metrics.`{k}`" for k in HEADLINE]
+            for col in columns:  # the names, whole, in the view's order
+                assert table["header"][col]["text"] == col[9:-1] and table["header"][col]["whole"]
+            xs = [table["header"][c]["x"] for c in columns]
+            assert xs == sorted(xs)
+            for method, run in runs.items():
+                row = table[run.info.run_id]
+                name = row["attributes.`Run Name`"]
+                assert name["text"] == run.info.run_name and name["whole"], name
+                for key, value in figures[method].items():
+                    cell = row[f"metrics.`{key}`"]
+                    assert cell["text"] == shown(value), (method, key, cell)
+                    # on the first screen, not cut, level with the run's name
+                    assert cell["whole"] and cell["x"] + cell["width"] <= width, (key, cell)
+                    assert cell["y"] + cell["height"] <= height and cell["y"] == name["y"]
+            browser.screenshot(d / "mlflow-runs.png")
+            shutil.copy(
+                d / "mlflow-runs.png", Path(tempfile.gettempdir()) / "abtrain-mlflow-runs.png"
+            )
 
-        text = visible_text(chrome(f"{url}/{key_figures_link(exp)}", "--dump-dom"))
-        assert "Key figures" in text and "You're viewing a shared view" in text
-        header = text.split("Metrics", 1)[1]
-        assert header.index(KEY_FIGURES[0]) < header.index(KEY_FIGURES[1])  # in its order
-        for run in runs.values():  # each run's row of figures (the names sit apart)
-            s = summary(d / run.data.tags["method"])
-            figures = [
-                s["val_top1"]["best"],
-                s["val_top1"]["final"],
-                round(s["traffic"]["inter_node_bytes_per_step"] / 1e6, 3),  # as logged
-            ]
-            row = " ".join(repr(float(v)).removesuffix(".0") for v in figures)  # as JS writes
-            assert all(len(repr(float(v))) <= 8 for v in figures), row  # no 8.14356876923077
-            assert run.info.run_name in text and f" {row} " in text, row
-        chrome(f"{url}/{key_figures_link(exp)}", f"--screenshot={d / 'mlflow-runs.png'}")
-        shutil.copy(d / "mlflow-runs.png", Path(tempfile.gettempdir()) / "abtrain-mlflow-runs.png")
+            ab = runs["ab"].info.run_id
+            browser.open(
+                f"{url}/#/experiments/{exp}/runs/{ab}?workflowType=machine_learning",
+                f"document.body.innerText.includes({json.dumps(NOTE_START)})",
+            )
+            line = f"{NOTE_START} " + " · ".join(f"{k} {v:g}" for k, v in figures["ab"].items())
+            x, y, w, h = browser.find(line)[line]
+            assert 0 <= x and x + w <= width and 0 <= y and y + h <= height, (x, y, w, h)
 
-        ids = [runs["ddp"].info.run_id, runs["ab"].info.run_id]
-        query = urllib.parse.urlencode(
-            {"runs": json.dumps(ids), "experiments": json.dumps([exp])},
-            quote_via=urllib.parse.quote,
-        )
-        page = f"{url}/#/compare-runs?{query}&workflowType=machine_learning"
-        text = visible_text(chrome(page, "--dump-dom"))
-        assert "Comparing 2 Runs" in text
-        # the first plot's metric is the first a run logged: top-1, not CPU utilisation
-        assert text.split("Metrics:", 1)[1].split("Clear All", 1)[0].strip() == "val_top1"
-        rows = compare_rows(text, 2)
-        for key, figure in (
-            (
-                "final/inter_node_mb_per_step",
-                lambda s: s["traffic"]["inter_node_bytes_per_step"] / 1e6,
-            ),
-            ("final/val_top1_best", lambda s: s["val_top1"]["best"]),
-        ):
-            want = [figure(summary(d / m)) for m in ("ddp", "ab")]
-            assert want[0] != want[1]
-            shown = [float(v) for v in rows[key]]  # rounded for display
-            assert shown == [pytest.approx(w, abs=max(5e-4, 1e-3 * abs(w))) for w in want], key
-
-        shot = d / "mlflow-compare.png"
-        chrome(page, f"--screenshot={shot}", height=2100)
-        from PIL import Image
-
-        img = Image.open(shot).convert("L")
-        assert img.size == (1400, 2100)
-        lo, hi = img.getextrema()
-        assert hi - lo > 100  # a rendered page, not a blank one
-        shutil.copy(shot, Path(tempfile.gettempdir()) / "abtrain-mlflow-compare.png")
+            ids = [runs["ddp"].info.run_id, ab]
+            query = urllib.parse.urlencode(
+                {"runs": json.dumps(ids), "experiments": json.dumps([exp])},
+                quote_via=urllib.parse.quote,
+            )
+            browser.open(
+                f"{url}/#/compare-runs?{query}&workflowType=machine_learning",
+                f"document.body.innerText.includes({json.dumps(HEADLINE[0])})",
+            )
+            text = browser.text()
+            assert "Comparing 2 Runs" in text
+            # the first plot's metric is the first a run logged: top-1, not CPU utilisation
+            assert text.split("Metrics:", 1)[1].split("Clear All", 1)[0].split() == ["val_top1"]
+            rows = browser.compare_metrics()
+            assert [name for name, _, _ in rows[:4]] == sorted(HEADLINE)  # before all others
+            for name, _, values in rows[:4]:
+                want = [figures["ddp"][name], figures["ab"][name]]
+                assert [float(v) for v in values] == want, name
     finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
+        stop(server)
 
 
 def test_logged_model_names_follow_the_run_and_pass_mlflows_check():
@@ -416,7 +472,7 @@ def test_logged_model_names_follow_the_run_and_pass_mlflows_check():
 
     for run, want in (
         ("ab-2x2", "ab-2x2"),
-        ("ab-mlp-synthetic-2x1-b16", "ab-mlp-synthetic-2x1-b16"),
+        ("ab-2x1-b16", "ab-2x1-b16"),
         ("ab-2x2 (lucid-bass)", "ab-2x2-(lucid-bass)"),
         ("lr=0.01/b:32 'x'", "lr=0-01-b-32-x"),
     ):
@@ -426,8 +482,16 @@ def test_logged_model_names_follow_the_run_and_pass_mlflows_check():
 
 def test_experiment_carries_a_key_figures_view_of_metrics_the_runs_log(tmp_path):
     """The runs table's columns come from the saved view, an experiment tag; its metrics
-    are ones a training run (final_metrics) or a search's parent (best_error) logs."""
-    from abtrain.mlflow_ui import KEY_FIGURES, KEY_FIGURES_VIEW, key_figures_link
+    are ones a training run (final_metrics, headline) or a search's parent (best_error)
+    logs."""
+    from abtrain.mlflow_ui import (
+        EARLIER_KEY_FIGURES,
+        HEADLINE,
+        KEY_FIGURES,
+        KEY_FIGURES_VIEW,
+        headline,
+        key_figures_link,
+    )
     from abtrain.results import final_metrics
     from abtrain.tracking import experiment_id
 
@@ -441,8 +505,10 @@ def test_experiment_carries_a_key_figures_view_of_metrics_the_runs_log(tmp_path)
     assert (
         state["selectedColumns"] == state["columnOrder"] == [f"metrics.`{k}`" for k in KEY_FIGURES]
     )
-    logged = set(final_metrics(_summary_like())) | {"best_error"}
-    assert set(KEY_FIGURES) <= logged
+    logged = set(final_metrics(_summary_like())) | set(headline(_summary_like(), 4e5))
+    assert set(KEY_FIGURES) <= logged | {"best_error"}
+    assert set(HEADLINE) <= set(headline(_summary_like(), 4e5))
+    assert set(state["columnWidths"]) <= set(state["columnOrder"])
     assert key_figures_link(exp) == (
         f"#/experiments/{exp}/runs?viewStateShareKey={KEY_FIGURES_VIEW}"
         "&workflowType=machine_learning"
@@ -454,11 +520,19 @@ def test_experiment_carries_a_key_figures_view_of_metrics_the_runs_log(tmp_path)
     old = client.create_experiment("older")
     experiment_id(client, "older", uri)
     assert json.loads(client.get_experiment(old).tags[tag])["name"] == "Key figures"
+    # the view abtrain saved before the headline metrics, unchanged, gives way to today's
+    earlier = [f"metrics.`{k}`" for k in EARLIER_KEY_FIGURES]
+    view = dict(name="Key figures", state=json.dumps(dict(selectedColumns=earlier)))
+    client.set_experiment_tag(old, tag, json.dumps(view))
+    experiment_id(client, "older", uri)
+    replaced = json.loads(json.loads(client.get_experiment(old).tags[tag])["state"])
+    assert replaced["selectedColumns"] == state["selectedColumns"]
 
 
 def _summary_like() -> dict:
-    """The keys final_metrics reads, as summary.json has them."""
+    """The keys final_metrics and headline read, as summary.json has them."""
     return dict(
+        method="ab",
         traffic=dict(inter_node_bytes=8e6, inter_node_bytes_per_step=2e5, intra_node_bytes=0),
         val_top1=dict(best=30.5, final=29.0),
         compression_ratio=0.7,

@@ -14,7 +14,7 @@ import yaml
 
 from abtrain.config import apply_overrides
 from bench import lengths
-from pipeline.report.page import lengths_line
+from pipeline.report.verdict import lengths_line
 from tests.conftest import ROOT, TINY
 
 

@@ -21,6 +21,20 @@ def evals(*points):
     return [dict(step=s, seconds=t, val_top1=a) for s, t, a in points]
 
 
+def test_a_crossover_is_contradicted_where_the_measured_order_is_not_the_models():
+    def row(m, measured, model):
+        return dict(method=m, seconds_to_target=measured, predicted_seconds_to_target=model)
+
+    at = [
+        dict(rate="1gbit", methods=[row("a", 70, 90), row("b", 83, 76)]),  # a first, b in model
+        dict(rate="200mbit", methods=[row("a", 70, 90), row("b", 73, 76)]),  # 4% apart: a tie
+        dict(rate="unshaped", methods=[row("a", 88, 88), row("b", 63, 63)]),
+        dict(rate="50mbit", methods=[row("a", 110, 124), row("b", None, None)]),
+    ]
+    assert rates.contradicted(["a", "b"], at) == ["1gbit"]
+    assert rates.contradicted(["b", "a"], at) == ["1gbit"]
+
+
 def test_the_target_is_reached_on_the_smoothed_curve_between_evaluations():
     e = evals((10, 5.0, 20.0), (20, 10.0, 30.0), (30, 15.0, 26.0), (40, 20.0, 34.0))
     # means of consecutive pairs at their mid step and time: (15, 7.5, 25), (25, 12.5, 28),
@@ -46,18 +60,22 @@ def test_per_rate_files_are_named_by_rate_and_by_nodes_beyond_two_by_two():
 
 
 def test_the_time_model_picks_the_measured_fastest_method_at_every_committed_rate():
-    """bench/results/network-*.json: predicted mean step time within 15% of the measured
-    one for every method and shaped rate, and the method predicted to reach the common
-    target first is the one that did."""
+    """bench/results/network-*.json: predicted time to the common target within 10% of the
+    measured for every method, rate and shape, and its mean step too (ab_powersgd's on 4
+    nodes x 1: 20%); the method predicted to reach the target first is the one that did, or
+    one measured within the model's 10% of it (a tie); no crossover drawn is contradicted."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     s = rates.analyse(params, rates.load(RESULTS))
     assert s["check"]
     for c in s["check"]:
-        # ab_powersgd's 50 Mbit/s and 1 Gbit/s runs were made while this machine ran about
-        # 20% faster than when its unshaped run (the model's compute) was made (the same
-        # unshaped ddp run took 0.39, then 0.46 s a step): docs/benchmarks.md
-        assert abs(c["step_error"]) <= (0.30 if c["method"] == "ab_powersgd" else 0.15), c
+        error = c["predicted_seconds_to_target"] / c["seconds_to_target"] - 1
+        assert abs(error) <= 0.10, c
+        step = 0.20 if (c["method"], c["nodes"]) == ("ab_powersgd", 4) else 0.10
+        assert abs(c["step_error"]) <= step, c
         assert c["recommendation_matches"], c
+    for shape in s["shapes"]:
+        for c in shape["crossovers"]:
+            assert c["contradicted_by"] == rates.contradicted(c["methods"], shape["rates"]) == []
     base = next(x for x in s["shapes"] if (x["nodes"], x["ranks_per_node"]) == (2, 2))
     # the committed runs span links from ones where bytes decide to a free one
     assert {"unshaped", "200mbit"} <= {r["rate"] for r in base["rates"]}
@@ -82,6 +100,9 @@ def test_the_summary_and_its_figure_are_written(tmp_path):
     # a crossover is where the two predicted times meet, the faster one changing
     for c in written["shapes"][0]["crossovers"]:
         assert c["faster_below"] != c["faster_above"]
+    # the committed summary is this one (bench.rates redraws it from the committed files)
+    committed = json.loads((RESULTS / "network-rates.json").read_text())
+    assert committed["shapes"] == written["shapes"]
     assert rates.load(tmp_path) and all(d.get("results") for d in rates.load(tmp_path))
 
 

@@ -237,17 +237,20 @@ def test_a_fresh_clone_trains_from_the_committed_search_record(mini, tmp_path):
 
 
 def changed_by(repo: Path, edit) -> set[str]:
-    """The stages `dvc status` finds changed once `edit` changed the params; then undone."""
+    """The stages `dvc status` finds changed once `edit` changed the params and the resolve
+    stage (seconds, no training) wrote the runs' values again; then both undone."""
     text = (repo / "params.yaml").read_text()
     params = yaml.safe_load(text)
     edit(params)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
+        assert dvc(repo, "repro", "--single-item", "resolve").returncode == 0
         status = dvc(repo, "status", "--json")
         assert status.returncode == 0, status.stderr
         return set(json.loads(status.stdout))
     finally:
         (repo / "params.yaml").write_text(text)
+        assert dvc(repo, "repro", "--single-item", "resolve").returncode == 0
 
 
 @pytest.mark.multiprocess
@@ -261,6 +264,11 @@ def test_settings_that_change_no_output_rerun_no_stage(mini):
         t["dist"]["timeout_s"] = 77
 
     assert changed_by(repo, watching) == set()
+
+    def searched(p):  # a key every run takes from the search's best: no run trains again
+        p["train"]["optim"]["lr"] = 0.0042
+
+    assert not {s for s in changed_by(repo, searched) if s.startswith(("train@", "search@"))}
 
     def where(p):  # where the runs execute: the same config trains the same numbers
         p["experiments"]["launcher"] = "slurm"
@@ -300,13 +308,15 @@ def test_changing_the_search_space_reruns_the_search_and_what_follows(mini):
         p["search"]["space"]["ab.sigma_cutoff"]["high"] = 0.3
 
     changed = changed_by(repo, space)
-    assert {"search@propulate", "search@optuna", "train@ab-2x1"} <= changed
+    assert {"search@propulate", "search@optuna"} <= changed
     assert "prepare" not in changed
-    dag = dvc(repo, "dag", "--dot").stdout  # and the report follows them
+    # the runs follow the search through its best (resolve), the report follows them
+    dag = dvc(repo, "dag", "--dot").stdout
     edges = set(re.findall(r'"([^"]+)" -> "([^"]+)"', dag))
     assert {
         ("search@optuna", "report"),
-        ("search@propulate", "train@ab-2x1"),
+        ("search@propulate", "resolve"),
+        ("resolve", "train@ab-2x1"),
         ("train@ab-2x1", "report"),
     } <= edges
 
@@ -460,24 +470,112 @@ def test_a_failed_experiment_keeps_the_committed_search_record(mini):
 
 
 @pytest.mark.multiprocess
-def test_set_changes_only_its_value_and_reruns_only_what_reads_it(mini):
-    """`dvc exp run -S train.optim.lr=... train@ddp-2x1`, the README's example: params.yaml
-    differs in that one line, and the searches don't rerun (the space sets lr)."""
+@pytest.mark.parametrize("key", ["train.optim.lr=0.00123", "search.evaluations=2"])
+def test_set_changes_only_its_value_and_reruns_only_what_reads_it(mini, key):
+    """`dvc exp run -S KEY=VALUE train@ddp-2x1`: params.yaml differs in that one line (its
+    lists, flow mappings and comments kept as they are), and neither the searches nor the
+    run train again: every run takes lr from the search's best, and a budget equal to the
+    search's changes nothing. What `pipeline.preview` said beforehand is what ran."""
     repo, _ = mini
     text = (repo / "params.yaml").read_text()
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    preview = subprocess.run(
+        [sys.executable, "-m", "pipeline.preview", "-S", key],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert preview.returncode == 0, preview.stderr
+    assert "runs it retrains: none" in preview.stdout, preview.stdout
     try:
-        run = dvc(repo, "exp", "run", "-S", "train.optim.lr=0.00123", "train@ddp-2x1")
+        run = dvc(repo, "exp", "run", "-S", key, "train@ddp-2x1")
         after = (repo / "params.yaml").read_text()
     finally:
         (repo / "params.yaml").write_text(text)
+        dvc(repo, "repro", "--single-item", "resolve")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    assert "Running stage 'search@" not in run.stdout  # the space sets lr: not its input
-    assert "Running stage 'train@ddp-2x1'" in run.stdout
+    assert "Running stage 'search@" not in run.stdout
+    assert "Running stage 'train@" not in run.stdout
     old, new = text.splitlines(), after.splitlines()
     diff = "\n".join(difflib.unified_diff(old, new, "before", "after", lineterm="", n=1))
     changed = [(a, b) for a, b in zip(old, new) if a != b]
+    dotted, value = key.split("=")
+    if str(yaml.safe_load(text)["search"]["evaluations"]) == value and "evaluations" in dotted:
+        assert after == text, diff  # the value it has: the file byte for byte
+        return
     assert len(old) == len(new) and len(changed) == 1, diff
-    assert changed[0][1].strip().startswith("lr: 0.00123"), diff
+    assert changed[0][1].strip().startswith(f"{dotted.split('.')[-1]}: {value}"), diff
+
+
+@pytest.mark.multiprocess
+def test_the_preview_names_the_runs_an_edit_retrains(mini):
+    repo, _ = mini
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    preview = subprocess.run(
+        [sys.executable, "-m", "pipeline.preview", "-S", "experiments.runs.ab-2x1.batch=global"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert preview.returncode == 0, preview.stderr
+    said = preview.stdout
+    assert "runs it retrains: ab-2x1\n" in said, said
+    assert (
+        "+      batch: global" in said
+        and "`dvc exp run` would run, in order: prepare, resolve, train@ab-2x1, report" in said
+    )
+
+
+@pytest.mark.multiprocess
+def test_exp_show_as_documented_fits_160_columns_with_the_headline_and_what_changed(mini):
+    """docs/pipeline.md's `dvc exp show` line, after an experiment that changed one value:
+    at 160 columns, the headline metrics and that value, nothing cut off."""
+    import shlex
+
+    repo, _ = mini
+    docs = (ROOT / "docs" / "pipeline.md").read_text()
+    line = re.search(r"\n(\.venv/bin/dvc exp show --only-changed [^\n]*)\n", docs)
+    assert line, "docs/pipeline.md gives no `dvc exp show` line"
+    git(repo, "add", "-A")  # the miniature as the baseline commit, as a user's own repo
+    git(repo, "commit", "-qm", "the miniature")
+    text = (repo / "params.yaml").read_text()
+    try:
+        assert dvc(repo, "exp", "run", "-S", "train.tracking.log_every=7").returncode == 0
+    finally:
+        (repo / "params.yaml").write_text(text)
+        dvc(repo, "repro", "--single-item", "resolve")
+    env = {**os.environ, "COLUMNS": "160", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    args = shlex.split(line[1])[1:]
+    shown = subprocess.run(
+        [str(BIN / "dvc"), *args, "--no-pager"], cwd=repo, env=env, capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert max(len(x) for x in lines) <= 160, shown.stdout
+    header = next(x for x in lines if "Experiment" in x)
+    for column in ("ddp_top1", "ab_dtop1", "ab_bytes", "log_every"):
+        assert column in header, shown.stdout
+    assert "…" not in shown.stdout, shown.stdout
+
+
+@pytest.mark.multiprocess
+@pytest.mark.browser
+def test_dvc_plots_show_draws_offline(mini):
+    """`dvc plots show`: a page with Vega inline (no CDN), drawn by headless Chromium on a
+    machine without a network."""
+    import tempfile
+
+    repo, _ = mini
+    shown = dvc(repo, "plots", "show")
+    assert shown.returncode == 0, shown.stderr
+    page = (repo / "dvc_plots" / "index.html").read_text()
+    assert "cdn.jsdelivr" not in page and "window.vegaEmbed=" in page
+    from abtrain.mlflow_browser import CHROMIUM_FLAGS, chromium
+
+    with tempfile.TemporaryDirectory() as profile:
+        dom = subprocess.run(
+            [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+             "--virtual-time-budget=15000", "--dump-dom",
+             (repo / "dvc_plots" / "index.html").as_uri()],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert dom.stdout.count('class="marks"') >= 2, dom.stdout[-2000:]  # both charts drawn
 
 
 @pytest.mark.multiprocess

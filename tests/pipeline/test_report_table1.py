@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from pipeline.report import page, tables
+from pipeline.report import tables
+from pipeline.report.paper import paper_scale_rates
 
 
 def summary(method, by_phase, wall):
@@ -47,9 +48,9 @@ def test_the_paper_scale_table_sets_predicted_gb_per_s_beside_table_1(monkeypatc
     profile, its GB/s ratio beside the paper's; parts and ratios read as they should."""
     from tests.conftest import ROOT
 
-    monkeypatch.setattr(page, "PLANNER", ROOT / "bench/results/planner.json")
+    monkeypatch.setattr(tables, "PLANNER", ROOT / "bench/results/planner.json")
     paper = json.loads((ROOT / "pipeline/paper_reference.json").read_text())
-    md = page.paper_scale_rates(paper)
+    md = paper_scale_rates(paper)
     rows = [line.split(" | ") for line in md if line.startswith("| ViT-B/16 |")]
     rows += [line.split(" | ") for line in md if line.startswith("| ResNet-50 |")]
     assert len(rows) == 18  # 2 models × (5 local + 4 global)

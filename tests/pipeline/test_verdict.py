@@ -8,7 +8,10 @@ import os
 import pytest
 
 from pipeline.common import params
-from pipeline.report import page, tables
+from pipeline.report import tables
+from pipeline.report.accuracy import ONE_SEED, accuracy_paragraphs
+from pipeline.report.studies import lengths_section, seeds_section
+from pipeline.report.verdict import lead_text, matching_study, verdict
 from tests.conftest import ROOT
 
 RECORD = {"optim.lr": 0.0012, "ab.sigma_cutoff": 0.39}
@@ -150,7 +153,7 @@ def test_the_verdict_takes_the_study_made_with_the_runs_values(here):
         "seeds-best-ab-vit": False,  # the same values, an earlier model
         "seeds-best-psgd": False,
     }
-    md = page.verdict(P, ACC, T1, PAPER, studies)
+    md = verdict(P, ACC, T1, PAPER, studies)
     text = md[0]
     assert "does not pay off" in text
     assert "2.00 ± 1.00 points below DDP's" in text
@@ -168,12 +171,12 @@ def test_the_verdict_takes_the_study_made_with_the_runs_values(here):
     assert "| -1.55 (1 seed) |" in psgd and psgd.endswith("| below 100 Mbit/s |")
     assert "an earlier search record or model" in whole and "-0.30 ± 0.10" in whole
     # the page's noise claims are the matching study's too, not reports/seeds/'s
-    study = page.matching_study(studies, ACC, P)
-    notes = page.accuracy_paragraphs([{**r, "best_top1": 1, "final_top1": 1} for r in ACC], study)
-    seed = next(n for n in notes if n.startswith(page.ONE_SEED))
+    study = matching_study(studies, ACC, P)
+    notes = accuracy_paragraphs([{**r, "best_top1": 1, "final_top1": 1} for r in ACC], study)
+    seed = next(n for n in notes if n.startswith(ONE_SEED))
     assert "`reports/seeds-best-ab/`" in seed and "-2.00 ± 1.00" in seed
     assert "`reports/seeds/`" not in seed
-    section = "\n".join(page.seeds_section(studies, study))
+    section = "\n".join(seeds_section(studies, study))
     assert "[`seeds-best-ab/`](seeds-best-ab/README.md) is made with the values" in section
     # the study of the earlier model is named as such, not summarised
     earlier = next(line for line in section.splitlines() if "seeds-best-ab-vit" in line)
@@ -181,17 +184,17 @@ def test_the_verdict_takes_the_study_made_with_the_runs_values(here):
 
 
 def test_a_network_benchmark_of_an_earlier_model_is_named_so(here):
-    assert tables.EARLIER_MODEL not in "\n".join(page.verdict(P, ACC, T1, PAPER, []))
+    assert tables.EARLIER_MODEL not in "\n".join(verdict(P, ACC, T1, PAPER, []))
     network(model=None)
-    md = page.verdict(P, ACC, T1, PAPER, [])
+    md = verdict(P, ACC, T1, PAPER, [])
     assert f"made with {tables.EARLIER_MODEL}" in "\n".join(md)
 
 
 def test_without_a_matching_study_the_verdict_says_so(here):
     os.remove(tables.REPORTS / "seeds-best-ab" / "seeds.json")
     studies = tables.seed_studies(P)
-    md = page.verdict(P, ACC, T1, PAPER, studies)
-    assert page.matching_study(studies, ACC, P) is None
+    md = verdict(P, ACC, T1, PAPER, studies)
+    assert matching_study(studies, ACC, P) is None
     assert "3.20 points of best top-1 below DDP's (one seed per scale" in md[0]
     # no study's mean ± sd stands in for the runs' (the paper's ± of its GB/s ratio stays)
     assert "±" not in md[0].split("The paper's reduction")[0]
@@ -206,7 +209,7 @@ def test_first_to_target_follows_the_model_across_link_rates(here):
         ("ddp", 100.0, 10000.0),
     ]
     assert shape["unshaped"] == "ddp" and shape["steps"] == 160
-    text = page.verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
+    text = verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
     assert "never first to the target accuracy at any emulated link rate" in text
     assert "PowerSGD is first below 100 Mbit/s, DDP above 100 Mbit/s" in text
     # the paper's ratio is of GB/s, as mean ± sd over its rows per batch scheme: the README's
@@ -217,8 +220,8 @@ def test_first_to_target_follows_the_model_across_link_rates(here):
     network(leads_ab=True)
     (shape,) = tables.first_to_target()
     assert [x["method"] for x in shape["leads"]] == ["powersgd", "ab", "ddp"]
-    assert page.lead_text(shape, "ab").startswith("from ")
-    text = page.verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
+    assert lead_text(shape, "ab").startswith("from ")
+    text = verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
     assert "does not pay off" not in text and "pays off only on some links" in text
 
 
@@ -237,8 +240,8 @@ def test_the_committed_verdict_is_the_matching_seed_studys(monkeypatch):
             s["data"].get("search_best") == record and s["data"].get("model") == p["train"]["model"]
         )
         assert s["matches"] == (same and not s["extra"])
-    study = page.matching_study(studies, acc, p)
-    text = page.verdict(p, acc, t1, json.loads(page.PAPER.read_text()), studies)[0]
+    study = matching_study(studies, acc, p)
+    text = verdict(p, acc, t1, json.loads(tables.PAPER.read_text()), studies)[0]
     if study:
         d = study["diff"]
         assert f"{-d['mean']:.2f} ± {d['sd']:.2f} points below DDP's" in text
@@ -246,12 +249,12 @@ def test_the_committed_verdict_is_the_matching_seed_studys(monkeypatch):
         assert "one seed per scale" in text
     assert "`reports/seeds/`" not in text
     # the benchmark's columns are made with the runs' own values, and the verdict says so
-    whole = "\n".join(page.verdict(p, acc, t1, json.loads(page.PAPER.read_text()), studies))
+    whole = "\n".join(verdict(p, acc, t1, json.loads(tables.PAPER.read_text()), studies))
     assert "made with the values of the matrix's 2 × 2 runs" in whole
 
 
 def test_the_verdict_is_short_sentences_and_names_the_benchmarks_values(here):
-    md = page.verdict(P, ACC, T1, PAPER, tables.seed_studies(P))
+    md = verdict(P, ACC, T1, PAPER, tables.seed_studies(P))
     lines = md[0].splitlines()
     assert lines[0].startswith("**Verdict: ") and all(len(x) <= 200 for x in lines), lines
     assert sum(x.startswith("- ") for x in lines) >= 5
@@ -266,11 +269,11 @@ def test_the_verdict_says_what_the_length_study_found_when_made_with_the_runs_mo
     path.parent.mkdir(parents=True)
     said = "From 1 to 16 epochs AB's gap to DDP narrows (-3.00 ± 0.50 to -1.00 ± 0.40 points)."
     path.write_text(json.dumps(dict(model=MODEL, verdict=said)))
-    text = page.verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
+    text = verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
     line = "- Over training length (`reports/lengths/`): from 1 to 16 epochs AB's gap to DDP"
     assert line + " narrows (-3.00 ± 0.50 to -1.00 ± 0.40 points)." in text.splitlines()
     path.write_text(json.dumps(dict(model=None, verdict=said)))
-    assert "reports/lengths" not in page.verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
+    assert "reports/lengths" not in verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
 
 
 def test_the_report_has_a_section_over_training_length_from_the_study(here):
@@ -286,7 +289,7 @@ def test_the_report_has_a_section_over_training_length_from_the_study(here):
     ]
     data = dict(model=MODEL, verdict="It widens.", shape=[2, 2], summary=summary)
     path.write_text(json.dumps(data))
-    md = page.lengths_section(P)
+    md = lengths_section(P)
     assert (
         "## Over training length" in md and "![AB over training length](lengths/lengths.png)" in md
     )
@@ -294,4 +297,4 @@ def test_the_report_has_a_section_over_training_length_from_the_study(here):
     assert "| 1 | 78 | ab | 2 | -0.20 ± 0.70 | 0.400 | 0.75:1 |" in md
     assert "| 16 | 1250 | ab | 2 | -3.20 | 0.400 | 0.75:1 |" in md
     path.write_text(json.dumps(data | dict(model=None)))
-    assert page.lengths_section(P) == []
+    assert lengths_section(P) == []

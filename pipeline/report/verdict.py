@@ -1,0 +1,299 @@
+"""The report's verdict: whether AB training pays off here, in a few lines and a table of
+the methods (bytes, Δ top-1 over seeds, where each is first to the target accuracy), every
+number from the tables' reads. Shared by the report's first section and the README's
+opening (readme.headline)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.report import tables
+from pipeline.report.markdown import DASH, figure, mean_sd, pm, span, table
+from pipeline.report.paper import paper_ratio
+
+NAMES = {
+    "ddp": "DDP",
+    "ab": "AB",
+    "ab_nogroups": "AB without groups",
+    "powersgd": "PowerSGD",
+    "ab_powersgd": "AB + PowerSGD",
+}
+
+
+def method_of(run: str, acc: list[dict[str, Any]], p: dict[str, Any]) -> str | None:
+    for r in acc:
+        if r["run"] == run:
+            return r["method"]
+    return p["experiments"]["runs"].get(run, {}).get("method")
+
+
+def studies_of(
+    method: str, studies: list[dict[str, Any]], acc: list[dict[str, Any]], p: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The seed studies of `method` against ddp, with no override beyond the seed's, each
+    with its difference (tables.study_difference) as `diff`."""
+    out = []
+    for s in studies:
+        d = tables.study_difference(s)
+        if (
+            d
+            and not s["extra"]
+            and method_of(d["compared"], acc, p) == method
+            and method_of(d["baseline"], acc, p) == "ddp"
+        ):
+            out.append({**s, "diff": d})
+    return out
+
+
+def matching_study(
+    studies: list[dict[str, Any]], acc: list[dict[str, Any]], p: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The seed study of ab against ddp made with the values the report's runs train from
+    (tables.seed_studies: `matches`), if there is one: the report's noise claims are its."""
+    return next((s for s in studies_of("ab", studies, acc, p) if s["matches"]), None)
+
+
+def mbit(x: float) -> str:
+    return f"{x / 1000:.3g} Gbit/s" if x >= 1000 else f"{x:.0f} Mbit/s"
+
+
+def lead_text(shape: dict[str, Any], method: str) -> str:
+    """Where on the link-rate axis the time model has `method` first to the target."""
+    lo, hi = shape["grid"]
+    parts = []
+    for x in (x for x in shape["leads"] if x["method"] == method):
+        if x["lo"] <= lo and x["hi"] >= hi:
+            parts.append(f"at every rate from {mbit(lo)} to {mbit(hi)}")
+        elif x["lo"] <= lo:
+            parts.append(f"below {mbit(x['hi'])}")
+        elif x["hi"] >= hi:
+            parts.append(f"above {mbit(x['lo'])}")
+        else:
+            parts.append(f"from {mbit(x['lo'])} to {mbit(x['hi'])}")
+    return " and ".join(parts) if parts else "never"
+
+
+def shape_name(s: dict[str, Any]) -> str:
+    return f"{s['nodes']} × {s['ranks_per_node']}"
+
+
+def verdict(
+    p: dict[str, Any],
+    acc: list[dict[str, Any]],
+    t1: list[dict[str, Any]],
+    paper: dict[str, Any],
+    studies: list[dict[str, Any]],
+    gb_per_s: bool = False,
+) -> list[str]:
+    """Whether AB training pays off here, every number from the files: AB's inter-node bytes
+    over DDP's (the matrix), its best top-1 against DDP's as mean ± sd over the seed study
+    made with the runs' own values (never one of another configuration), which method the
+    network benchmark has first to its target accuracy at each link rate, and what is not
+    tested. Shared by the report's first section and the README's opening (readme.headline),
+    which must reproduce: `gb_per_s` adds this machine's GB/s ratios (they move with time)."""
+    ab_t1 = [r for r in t1 if r["method"] == "ab" and r["ratio_to_ddp"] is not None]
+    if not ab_t1:
+        return []
+    own = [r["diff_best"] for r in acc if r["method"] == "ab" and r["diff_best"] is not None]
+    study = matching_study(studies, acc, p)
+    shapes = tables.first_to_target(p=p)
+    main = shapes[0] if shapes else None
+    ab_first = any(x["method"] == "ab" for s in shapes for x in s["leads"])
+    below = study["diff"]["mean"] < 0 if study else bool(own) and max(own) < 0
+    if ab_first:
+        head = "on this CPU-sized profile AB training pays off only on some links (below)."
+    elif shapes and below:
+        head = "on this CPU-sized profile AB training does not pay off."
+    elif below:
+        head = "on this CPU-sized profile AB training saves bytes at a cost in accuracy."
+    else:
+        head = "on this CPU-sized profile AB training saves bytes at no measured cost in accuracy."
+    # one short sentence a line: the README's first screen is read, not scrolled
+    text = [
+        f"**Verdict: {head}**",
+        "",
+        f"- It sends {span([r['ratio_to_ddp'] for r in ab_t1], '.3f')} of DDP's inter-node "
+        f"bytes ({len(ab_t1)} scale{'s' * (len(ab_t1) > 1)}).",
+    ]
+    if study:
+        d = study["diff"]
+        text.append(
+            f"- Its best top-1 is {abs(d['mean']):.2f} ± {d['sd']:.2f} points "
+            f"{'below' if d['mean'] < 0 else 'above'} DDP's ({d['n']} seeds of {d['of']}: "
+            f"{', '.join(f'{v:+.2f}' for v in d['per_seed'].values())}; "
+            f"`reports/{study['folder']}/`)."
+        )
+    elif own:
+        text.append(
+            f"- It is {span([-x for x in own], '.2f')} points of best top-1 below DDP's (one "
+            "seed per scale: no seed study here is made with the runs' values)."
+        )
+    lengths = tables.lengths_study(p)
+    if lengths:  # is the gap the method or the short training?
+        text.append(lengths_line(lengths["verdict"]))
+    if shapes:
+
+        def firsts(s: dict[str, Any]) -> str:
+            named = [
+                (NAMES.get(x["method"], x["method"]), lead_text(s, x["method"])) for x in s["leads"]
+            ]
+            first = f"{named[0][0]} is first {named[0][1]}"
+            return ", ".join([first, *(f"{name} {where}" for name, where in named[1:])])
+
+        others = "".join(f"; {shape_name(s)}: {firsts(s)}" for s in shapes[1:])
+        text.append(
+            f"- It is never first to the target accuracy at any emulated link rate from "
+            f"{mbit(main['grid'][0])} to {mbit(main['grid'][1])}."
+            if not ab_first
+            else "- It is first to the target accuracy on some emulated links only."
+        )
+        text.append(
+            f"- {firsts(main)} ({main['nodes']} nodes × {main['ranks_per_node']} ranks{others})."
+        )
+
+    def scheme_text(rows: list[Any], scheme: str) -> str:
+        return f"{mean_sd(rows)} at constant {scheme} batch"
+
+    paper_at = {
+        k: [x[0] for r in paper["table1"]["rows"] if (x := paper_ratio(r, k))]
+        for k in ("local", "global")
+    }
+    here_at = {
+        k: [r["rate_ratio_to_ddp"] for r in ab_t1 if r.get("rate_ratio_to_ddp") and r["batch"] == k]
+        for k in ("local", "global")
+    }
+    text += [
+        "- The paper's reduction of network traffic (\""
+        + paper["table2"]["measured_reduction_claim"]
+        + '") is measured in GB/s, traffic over wall time, not in bytes.',
+        "- Its Table 1 gives AB/baseline "
+        + " and ".join(scheme_text(v, k) for k, v in paper_at.items() if v)
+        + " (mean ± sd over its rows, 2-32 nodes).",
+        (
+            "- Here AB's GB/s over DDP's is "
+            + " and ".join(scheme_text(v, k) for k, v in here_at.items() if v)
+            + "; it moves with each run's time on this machine."
+            if gb_per_s and any(here_at.values())
+            else "- The report sets this machine's GB/s ratio beside it."
+        ),
+        "- The paper's accuracy at its scale (ImageNet on GPU clusters) is not tested here.",
+    ]
+    how = [
+        "Bytes: inter-node bytes per rank as the ledger counts them, over DDP's at the same "
+        "scale. Δ: best top-1 minus DDP's in percentage points; ± is the sample sd over the "
+        "seeds of a seed study made with the runs' own values, (1 seed) the matrix's run."
+    ]
+    if shapes:
+        checked = [m for s in shapes for m in s["measured"]]
+        agree = sum(m["fastest"] == m["model"] for m in checked)
+        made = (
+            f"the values of the matrix's {shape_name(main)} runs, evaluated every 10 steps"
+            if main.get("matrix_values")
+            else f"{main['steps']} steps of its own schedule, not the matrix's values"
+            if main["steps"]
+            else "its own values"
+        )
+        how.append(
+            "First to the target: the emulated-cluster benchmark "
+            f"(`bench/results/network-rates.json`; one seed, made with {made}; target "
+            f"{main['target_top1']:.2f}% top-1 on {shape_name(main)}), measured at "
+            + " and ".join(
+                f"{len(s['measured'])} link rate{'s' * (len(s['measured']) > 1)} on {shape_name(s)}"
+                for s in shapes
+            )
+            + f". Between them the time model (`abtrain.plan.ToTarget`, as `abtrain plan` uses "
+            f"it) names the measured fastest at {agree} of those {len(checked)}"
+            + (
+                "."
+                if main["model"] == p["train"]["model"]
+                else f", made with {tables.EARLIER_MODEL}."
+            )
+        )
+    lines, apart = verdict_table(p, acc, t1, studies, main)
+    return ["\n".join(text), "", *lines, "", *[x for note in how + apart for x in (note, "")][:-1]]
+
+
+def verdict_table(
+    p: dict[str, Any],
+    acc: list[dict[str, Any]],
+    t1: list[dict[str, Any]],
+    studies: list[dict[str, Any]],
+    shape: dict[str, Any] | None,
+) -> tuple[list[str], list[str]]:
+    """A row per method of the network benchmark that the matrix has (ab and ddp at least):
+    its bytes over DDP's, its Δ best top-1 (the mean ± sd of a seed study made with the
+    runs' own values where there is one, else the matrix's single seeds) and where it is
+    first to the target; and the note naming the seed studies made with other search values,
+    which the table never uses."""
+    here = {r["method"] for r in acc}
+    shown = (set(shape["methods"]) & here if shape else set()) | {"ab", "ddp"}
+    order = ["ab", "powersgd", "ab_powersgd", "ab_nogroups"]
+    head = [
+        "method",
+        "inter-node bytes vs DDP",
+        "Δ best top-1 vs DDP (points)",
+        f"first to the target{f' ({shape_name(shape)})' if shape else ''}",
+    ]
+    body, apart = [], []
+    for m in [m for m in order if m in shown] + sorted(shown - {*order, "ddp"}) + ["ddp"]:
+        rows = [r for r in t1 if r["method"] == m and r["ratio_to_ddp"] is not None]
+        own = [r["diff_best"] for r in acc if r["method"] == m and r["diff_best"] is not None]
+        mine = studies_of(m, studies, acc, p)
+        match = next((s for s in mine if s["matches"]), None)
+        if m == "ddp":
+            diff = "0 (reference)"
+        elif match:
+            diff = f"{pm(match['diff'])} ({match['diff']['n']} seeds)"
+        elif own:
+            diff = f"{span(own, '+.2f', ' to ')} (1 seed" + (
+                f" each, {len(own)} scales)" if len(own) > 1 else ")"
+            )
+        else:
+            diff = DASH
+        if not match:
+            apart += [
+                f"{NAMES.get(m, m)} {pm(s['diff'])} over {s['diff']['n']} seeds "
+                f"(`reports/{s['folder']}/`"
+                + ("" if s["same_model"] else ", the earlier model")
+                + ")"
+                for s in mine
+                if s["searched"] and not (s["same_values"] and s["same_model"])
+            ]
+        ratio = span([r["ratio_to_ddp"] for r in rows], ".3f") if rows else DASH
+        body.append(
+            [f"{NAMES.get(m, m)} (`{m}`)", ratio, diff, lead_text(shape, m) if shape else DASH]
+        )
+    notes = []
+    if apart:
+        notes.append(
+            "Seed studies of another configuration (an earlier search record or model than "
+            f"the runs', so not used above): {'; '.join(apart)}."
+        )
+        if any("the earlier model" in x for x in apart):
+            notes.append(f"The earlier model: {tables.EARLIER_MODEL_WHAT}.")
+    return table(head, body), notes
+
+
+def verdict_section(
+    p: dict[str, Any],
+    acc: list[dict[str, Any]],
+    t1: list[dict[str, Any]],
+    paper: dict[str, Any],
+    studies: list[dict[str, Any]],
+    glance: tuple[str, str] | None = None,
+) -> list[str]:
+    body = verdict(p, acc, t1, paper, studies, gb_per_s=True)
+    if not body:
+        return []
+    return [
+        "## Verdict: does AB training pay off here?",
+        "",
+        *body,
+        "",
+        *(figure(*glance) if glance else []),
+    ]
+
+
+def lengths_line(sentence: str) -> str:
+    """The length study's sentence (bench.lengths.verdict) as a line of the verdict."""
+    return f"- Over training length (`reports/lengths/`): {sentence[0].lower()}{sentence[1:]}"
