@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from abtrain.abtraining import ABTraining
     from abtrain.config import Config, ConfigError, MethodConfig
-    from abtrain.config import load as load_config
-    from abtrain.guidelines import method_config
+    from abtrain.guidelines import load_config, method_config
 
 __all__ = ["ABTraining", "Config", "ConfigError", "MethodConfig", "load_config", "method_config"]
 
@@ -32,12 +31,12 @@ def __getattr__(name: str) -> Any:
         from abtrain.abtraining import ABTraining
 
         return ABTraining
-    if name in ("Config", "ConfigError", "MethodConfig", "load_config"):
+    if name in ("Config", "ConfigError", "MethodConfig"):
         from abtrain import config
 
-        return getattr(config, "load" if name == "load_config" else name)
-    if name == "method_config":
-        from abtrain.guidelines import method_config
+        return getattr(config, name)
+    if name in ("load_config", "method_config"):
+        from abtrain import guidelines
 
-        return method_config
+        return getattr(guidelines, name)
     raise AttributeError(f"module 'abtrain' has no attribute {name!r}")

@@ -4,54 +4,19 @@ predicted without training)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 
-from abtrain import compare, plan
-from abtrain.check import check_batch, refuse_model, run_check
+from abtrain import compare
+from abtrain.check import run_check
+from abtrain.cli import build_parser
 from abtrain.config import ConfigError, load, one_line
-from abtrain.launch import die_with_parent
+from abtrain.localrun import die_with_parent
+from abtrain.preflight import check_batch, refuse_model
 
 # abtrain.methods, .trainer and the data modules import torch: the commands that need them
 # import them where they do, so that `--help` and `compare` don't load torch.
-
-
-def build_parser(kind: type[argparse.ArgumentParser] = argparse.ArgumentParser):
-    """The command line of `python -m abtrain` (the launcher parses it too, with a `kind`
-    that raises, before it starts any torchrun)."""
-    parser = kind(prog="python -m abtrain")
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train one run (launch with torchrun)")
-    train.add_argument(
-        "--config", required=True, help="YAML file; params.yaml is read from its `train` section"
-    )
-    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    train.add_argument("--out", required=True, help="run folder: summary, ledger, checkpoints")
-    check = sub.add_parser("check", help="validate a config (and a world size) without training")
-    check.add_argument("--config", required=True)
-    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    check.add_argument(
-        "--world-size", type=int, default=None, help="default: the fewest ranks the method runs on"
-    )
-    check.add_argument(
-        "--ranks-per-node", type=int, default=None, help="default: all ranks on one node"
-    )
-    check.add_argument(
-        "--layers",
-        action="store_true",
-        help="list the model's weight layers: which AB factorises, their shapes and sizes",
-    )
-    prep = sub.add_parser(
-        "prepare", help="verify the config's data set and write its prepared form"
-    )
-    prep.add_argument("--config", required=True)
-    prep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    comp = sub.add_parser("compare", help="table of finished runs; traffic relative to ddp")
-    comp.add_argument("runs", nargs="+", help="run folders holding summary.json")
-    plan.add_parser(sub)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compare":
         return compare.run(args.runs)
     if args.command == "plan":
+        from abtrain import plan  # the time model: torch
+
         return plan.run(args)
 
     from abtrain.methods import check_world

@@ -1,14 +1,14 @@
 """`python -m abtrain check`: a config, the world it runs on and its model's weight layers
 (which AB factorises, their shapes, or why each is kept full rank), before anyone trains;
-and the refusals `train` and the launcher make before any process starts."""
+what it refuses is what `train` and the launcher refuse (abtrain.preflight)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from abtrain.config import AB_METHODS, ConfigError
+from abtrain.preflight import _label, build_model, check_batch, check_model, model_shape
 
 if TYPE_CHECKING:
     from torch import nn
@@ -17,108 +17,6 @@ if TYPE_CHECKING:
     from abtrain.lowrank import LayerChoice
 
 # torch loads only where a model is built: `check_batch` serves `train` before torchrun
-
-
-def check_batch(cfg, world_size: int) -> list[str]:
-    """Refuse a global batch larger than the training set; returns notes for the user."""
-    if cfg.data.name == "synthetic":
-        n, origin = cfg.data.train_samples, "data.train_samples"
-    else:
-        from abtrain.prepare import train_size
-
-        n, origin = train_size(cfg.data)
-    if n is None:
-        return [f"batch_size not checked against the training set: {origin} (run prepare)"]
-    if cfg.batch_size * world_size > n:
-        raise ConfigError(
-            f"batch_size={cfg.batch_size} on {world_size} ranks is a global batch of "
-            f"{cfg.batch_size * world_size}, more than the {n} training samples ({origin})"
-        )
-    return []
-
-
-def model_shape(cfg: Config) -> tuple[int, int, str | None]:
-    """(classes, features) the config's model is built with, as the trainer's task will
-    have them, and a note where the classes are assumed (data not prepared yet)."""
-    d = cfg.data
-    if d.name == "synthetic":
-        return d.classes, d.features, None
-    known = {"cifar10": 10, "cifar100": 100}
-    if d.name in known:
-        return known[d.name], 0, None
-    try:  # the classes `prepare` found
-        meta = json.loads((Path(d.prepared) / "meta.json").read_text())
-        return len(meta["classes"]), 0, None
-    except (OSError, ValueError, KeyError, TypeError):
-        assumed = 1000
-        return assumed, 0, f"data.prepared holds no classes yet (run prepare): assumed {assumed}"
-
-
-def build_model(cfg: Config, classes: int, features: int) -> nn.Module:
-    """The config's model, on the meta device where it builds there (shapes only: fast for
-    any size), else on the CPU; the global RNG is left as it was."""
-    import torch
-
-    from abtrain import models
-
-    with torch.random.fork_rng(devices=[]):  # build() seeds the global generator
-        try:
-            with torch.device("meta"):
-                return models.build(cfg, classes, features)
-        except Exception:  # a model whose construction reads values (.item(), numpy)
-            return models.build(cfg, classes, features)
-
-
-def _label(cfg: Config) -> str:
-    from abtrain.models import label
-
-    return label(cfg.model)
-
-
-def check_model(cfg: Config, model: nn.Module) -> tuple[list[LayerChoice], list[str]]:
-    """Survey the config's model as AB would convert it: (lowrank.survey, notes). Under an
-    AB method, a model with no layer to factorise is refused (ConfigError), as is a
-    pattern of ab.full_rank_layers that names no layer."""
-    from abtrain import lowrank
-
-    notes = [n for n in model_shape(cfg)[2:] if n]
-    ab = cfg.method in AB_METHODS
-    try:
-        choices = lowrank.survey(model, cfg.ab.full_rank_layers)
-    except ConfigError as err:
-        if ab:
-            raise
-        notes.append(f"{err} (ignored: {cfg.method} factorises nothing)")
-        choices = lowrank.survey(model, None)
-    if ab and not any(c.factorised for c in choices):
-        kept = lowrank.kept_full_rank(choices)
-        chosen = any("(default)" in r or "full_rank_layers" in r for r in kept.values())
-        hint = "; ab.full_rank_layers: [] would factorise those it keeps" if chosen else ""
-        raise ConfigError(
-            f"model {_label(cfg)}: no layer for {cfg.method} to factorise, every weight "
-            f"layer is kept full rank ({lowrank.why_kept(choices)}){hint}"
-        )
-    return choices, notes
-
-
-def refuse_model(cfg: Config) -> None:
-    """Before any process starts, refuse (ConfigError) a model the config can't build
-    (an architecture or arguments it names wrongly) and, under an AB method, one with no
-    layer to factorise. A factory this process can't import (the compute nodes may have
-    it) and a model that fails in its own code are let through: the ranks report those."""
-    from abtrain.models.factory import NotHere
-
-    classes, features, _ = model_shape(cfg)
-    try:
-        model = build_model(cfg, classes, features)
-    except NotHere:
-        return
-    except ConfigError:
-        raise
-    except Exception:
-        return
-    if cfg.method in AB_METHODS:
-        check_model(cfg, model)
 
 
 def layer_table(choices: list[LayerChoice], model: nn.Module) -> list[str]:

@@ -27,13 +27,12 @@ from pydantic import (
     model_validator,
 )
 
+from abtrain.errors import ConfigError
+from abtrain.modelspec import split_spec
+
 Method = Literal["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd", "ab_powersgd"]
 AB_METHODS = ("ab", "ab_nogroups", "ab_individual", "ab_powersgd")  # for validation here
 BASELINE: Method = "ddp"  # what every other method is compared with
-
-
-class ConfigError(ValueError):
-    """A config that can't be run; the message names the key."""
 
 
 def one_line(err: BaseException) -> str:
@@ -104,23 +103,10 @@ class PythonModel(_Model):
     factory: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
-    @staticmethod
-    def split(factory: str) -> tuple[str, str]:
-        """'pkg.module:function' -> ('pkg.module', 'function'); ValueError for anything else.
-        After the colon a dotted path may reach into a class (module:Class.method)."""
-        name = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
-        match = re.fullmatch(rf"\s*({name}):({name})\s*", factory)
-        if not match:
-            raise ValueError(
-                f"{factory!r} is not of the form 'package.module:function' (a module to "
-                f"import, a colon, the function or class in it that builds the model)"
-            )
-        return match[1], match[2]
-
     @field_validator("factory")
     @classmethod
     def _spec(cls, factory: str) -> str:
-        cls.split(factory)  # the form only: the module is imported where the model is built
+        split_spec(factory)  # the form only: the module is imported where the model is built
         return factory
 
     @field_validator("kwargs")
@@ -141,7 +127,7 @@ def model_label(model: ModelConfig | Mapping[str, Any]) -> str:
     if m["name"] == "timm":
         return m["arch"]
     if m["name"] == "python":
-        return PythonModel.split(m["factory"])[1].rpartition(".")[2]
+        return split_spec(m["factory"])[1].rpartition(".")[2]
     return m["name"]
 
 
@@ -446,16 +432,21 @@ def validate(cls: type[MethodConfig], raw: dict[str, Any]) -> Any:
     return cls(**raw)
 
 
-def load(
-    path: str | Path, overrides: list[str] = (), section: str = "train"
-) -> Config | MethodConfig:
-    """Read a config file. A file with a top-level `section` (params.yaml) is read from it.
-
-    A file of a whole run gives a `Config`, every key required; a file holding only the
-    method's keys (method, steps, seed, ab, powersgd, dist: what `ABTraining` reads) gives
-    a `MethodConfig` whose missing keys take the paper's guidelines (`abtrain.guidelines`).
-    """
+def load(path: str | Path, overrides: list[str] = (), section: str = "train") -> Config:
+    """Read a whole run's config file, every key required. A file with a top-level `section`
+    (params.yaml) is read from it. (A file of the method's keys alone:
+    `abtrain.guidelines.load_config`.)"""
     path = Path(path)
+    raw = read_mapping(path, section)
+    try:
+        return from_dict(raw, overrides)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def read_mapping(path: Path, section: str = "train") -> dict[str, Any]:
+    """A config file's mapping (its `section`, where it has one); ConfigError naming the
+    file where it is missing, not YAML or not a mapping."""
     try:
         raw = read_yaml(path)
     except FileNotFoundError:
@@ -464,16 +455,7 @@ def load(
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a mapping")
-    if isinstance(raw.get(section), dict):
-        raw = raw[section]
-    try:
-        if set(raw) <= set(METHOD_KEYS):
-            from abtrain import guidelines
-
-            return guidelines.from_mapping(apply_overrides(raw, list(overrides), free=True))
-        return from_dict(raw, overrides)
-    except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+    return raw[section] if isinstance(raw.get(section), dict) else raw
 
 
 # Settings that change no number a run trains: where it reports (MLflow), how long a peer

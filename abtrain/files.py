@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import filelock
+
 
 def write_failed(err: OSError, path: Path) -> OSError:
     """The same error, naming the file and the cause (a full disk: ENOSPC)."""
@@ -153,3 +155,15 @@ def read_record_rows(path: str | Path, keys: tuple[str, ...] = (), remake: str |
             raise damaged(path, f"line {i} is not a row of it", remake)
         rows.append(row)
     return rows
+
+
+def take_folder(out: Path) -> tuple[filelock.FileLock | None, str]:
+    """Rank 0: the run folder's lock, held until this process exits, so that a second
+    launch into the folder is refused; or the error saying who holds it."""
+    out.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(out / ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        return None, f"{out} is in use by another run (it holds {out / '.lock'})"
+    return lock, ""

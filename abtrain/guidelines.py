@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from abtrain.config import ABConfig, ConfigError, MethodConfig
+from abtrain import config
+from abtrain.config import ABConfig, Config, ConfigError, MethodConfig
 
 WARMUP_SHARE = 0.2  # warmupSteps: 20% of the total training steps
 AB_PHASE_SHARE = 1 / 30  # numABSteps: 3.33% of the total training steps
@@ -115,14 +117,27 @@ def _known(section: str, given: Mapping[str, Any], known: Mapping[str, Any]) -> 
             )
 
 
+def load_config(
+    path: str | Path, overrides: list[str] = (), section: str = "train"
+) -> Config | MethodConfig:
+    """`abtrain.load_config`: a file of a whole run gives a `Config` (abtrain.config.load,
+    every key required); a file holding only the method's keys (method, steps, seed, ab,
+    powersgd, dist: what `ABTraining` reads) a `MethodConfig` whose missing keys take the
+    guidelines. `overrides`: `key=value`, as `--set` takes them."""
+    path = Path(path)
+    raw = config.read_mapping(path, section)
+    if not set(raw) <= set(config.METHOD_KEYS):
+        return config.load(path, overrides, section)
+    try:
+        return from_mapping(config.apply_overrides(raw, list(overrides), free=True))
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
 def settle(cfg: Any, given: Mapping[str, Any]) -> MethodConfig:
     """What `ABTraining` runs with: `cfg` (a MethodConfig or Config, a file's path, or None:
     the guidelines) with the keywords `given` (steps, method, seed, and `ab`'s keys) over
     it. Over a given config a keyword replaces that one value; nothing is derived again."""
-    from pathlib import Path
-
-    from abtrain import config
-
     given = {k: v for k, v in given.items() if v is not None}
     if cfg is None:
         if "steps" not in given:
@@ -132,7 +147,7 @@ def settle(cfg: Any, given: Mapping[str, Any]) -> MethodConfig:
             )
         return method_config(**given)
     if isinstance(cfg, str | Path):
-        cfg = config.load(cfg)
+        cfg = load_config(cfg)
     if not isinstance(cfg, MethodConfig):
         raise ConfigError(
             f"ABTraining's config is a {type(cfg).__name__}; give an abtrain.MethodConfig "

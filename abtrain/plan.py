@@ -7,39 +7,23 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import shlex
 import sys
 import tempfile
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from abtrain import launch
+from abtrain import localrun
+from abtrain.cli import PLAN_ASSUMES
 from abtrain.config import BASELINE, ConfigError, Method, load, training_diff
+from abtrain.preflight import data_classes
+from abtrain.timing import MODEL_ERROR, Compute, ToTarget, link_bytes_per_s, predict, read_compute
 
-# abtrain.planner and abtrain.methods import torch: they are imported where used, because
-# every command builds this command's parser (`python -m abtrain --help` should stay fast).
+# (abtrain.cli holds this command's arguments, so `python -m abtrain --help` stays quick
+# while this module imports the time model, and torch with it.)
 
-# the time model's error against the committed benchmark (tests/abtrain/test_plan_cli.py holds
-# every method's time to the target within it): methods predicted closer than this are a tie
-MODEL_ERROR = 0.10
-PLAN_ASSUMES = (
-    "assumes every method needs the same number of steps to reach a given accuracy "
-    "(bench.network measures how far that holds: bench/results/network-rates.json)"
-)
-PLAN_TO_TARGET = (
-    "ranks by predicted time to the target top-1: the seconds each method's run in the file "
-    "took to it, plus what the link adds to its steps and syncs before it (ToTarget, the "
-    "time model bench.rates and the report use)"
-)
-PLAN_SCHEDULE = (
-    "It plans with the settings the file's runs were made with (their schedule: the one "
-    "their step times and steps to the target belong to); a --set that changes them "
-    "leaves the time to the target out"
-)
 # the schedule of a --measure run: every phase kind and two syncs in a few steps
-MEASURE_SETS = [
+MEASURE_RUN_SETS = [
     "steps=24",
     "eval_every=24",
     "checkpoint_every=0",
@@ -51,235 +35,6 @@ MEASURE_SETS = [
     "powersgd.start_iter=2",
     "tracking.enabled=false",
 ]
-
-
-def add_parser(sub) -> None:
-    plan = sub.add_parser(
-        "plan",
-        help="predict each method's time per step and run on a cluster and link; recommend one",
-        description="Each method's expected seconds per step and for the run, and its "
-        "inter-node bytes per rank, from the planner's time model: a step takes its compute "
-        "time plus the time its node's inter-node bytes take over the link (no overlap). "
-        "With a bench.network results file as --compute, which records how many steps each "
-        "method took to a target top-1, the recommendation " + PLAN_TO_TARGET + "; a method "
-        "that did not reach the target there is not recommended. " + PLAN_SCHEDULE + ". "
-        "Otherwise it is the fastest predicted run, and it " + PLAN_ASSUMES + ".",
-    )
-    plan.add_argument("--config", required=True)
-    plan.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="one config value per --set (repeat it); with a bench.network file as "
-        "--compute they apply over the settings of the file's runs",
-    )
-    plan.add_argument("--nodes", type=int, required=True)
-    plan.add_argument("--ranks-per-node", type=int, required=True)
-    plan.add_argument(
-        "--link",
-        required=True,
-        help="one node's link, each direction: 200mbit, 1gbit, 25gbit, none (costs nothing), "
-        "or bytes/s (25e9)",
-    )
-    source = plan.add_mutually_exclusive_group(required=True)
-    source.add_argument(
-        "--compute",
-        metavar="FILE.json",
-        help="per-method per-phase seconds per step without the network: "
-        '{"ddp": {"full": 0.31}, "ab": {"warmup": 0.32, "ab": 0.35, "rebound": 0.41}}, '
-        "or a bench.network results file (its step_seconds, and its steps to the target "
-        "top-1; planned with the settings its runs were made with, each method with its "
-        "own; take the unshaped one)",
-    )
-    source.add_argument(
-        "--measure",
-        action="store_true",
-        help="time a few steps of each method on this machine at the requested shape "
-        "(python -m abtrain.launch, all ranks on this machine, tracking off)",
-    )
-    plan.add_argument(
-        "--methods", default=None, help="comma-separated (default: every method abtrain has)"
-    )
-    plan.add_argument(
-        "--classes", type=int, default=None, help="default: from the config's data set"
-    )
-
-
-def link_bytes_per_s(text: str) -> float | None:
-    """'200mbit', '1gbit', '25e9' (bytes/s) -> bytes/s; 'none' or 'unshaped' -> None."""
-    t = text.strip().lower()
-    if t in ("none", "unshaped", "inf"):
-        return None
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(k|m|g)bit", t)
-    if m:
-        return float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8
-    try:
-        value = float(t)
-    except ValueError:
-        value = 0.0
-    if value > 0:
-        return value
-    raise ConfigError(f"--link {text!r}: use e.g. 200mbit, 1gbit, none, or bytes/s like 25e9")
-
-
-def data_classes(cfg) -> tuple[int, str]:
-    """How many classes the config's data set has, and where that number comes from."""
-    d = cfg.data
-    if d.name == "synthetic":
-        return d.classes, "data.classes"
-    known = {"cifar10": 10, "cifar100": 100, "imagenet": 1000}
-    meta = Path(d.prepared) / "meta.json"
-    if meta.exists():
-        classes = json.loads(meta.read_text()).get("classes")
-        if classes:
-            return len(classes), str(meta)
-    if d.name in known:
-        return known[d.name], f"data.name={d.name}"
-    raise ConfigError(
-        f"the number of classes of data.name={d.name} is in {meta}, which does not exist: "
-        f"run `python -m abtrain prepare --config ...` or pass --classes N"
-    )
-
-
-@dataclass
-class Compute:
-    """What `plan` times each method from: per-phase compute seconds per step, where they
-    come from, and, from a bench.network results file, the settings its runs used and the
-    steps each took to the file's target top-1 (None: it did not reach it)."""
-
-    seconds: dict[str, dict[str, float]]
-    source: str
-    overrides: list[str] = field(default_factory=list)
-    method_overrides: dict[str, list[str]] = field(default_factory=dict)
-    target_top1: float | None = None
-    steps_to_target: dict[str, float | None] = field(default_factory=dict)
-    runs: dict[str, dict] = field(default_factory=dict)  # the file's runs: evals, step times
-    rate: str | None = None  # the link the file's runs were made over
-
-
-def read_bench(path: str, raw: dict) -> Compute:
-    """A bench.network results file: each result's step_seconds and, where it has them, its
-    target top-1 and steps to it."""
-    try:
-        out = {r["method"]: dict(r["step_seconds"]) for r in raw["results"]}
-        reached = {
-            r["method"]: r["steps_to_target"] for r in raw["results"] if "steps_to_target" in r
-        }
-        targets = {r["target_top1"] for r in raw["results"] if "target_top1" in r}
-    except (KeyError, TypeError) as err:
-        raise ConfigError(f"--compute {path}: a result lacks {err}") from None
-    if len(targets) > 1:
-        raise ConfigError(f"--compute {path}: its results have different targets {targets}")
-    shape = f"{raw.get('nodes')}x{raw.get('ranks_per_node')}"
-    what = f"bench.network run at {shape} ranks, link {raw.get('rate')}"
-    if raw.get("rate") not in ("unshaped", None):
-        what += "; a shaped run's step times hold network time already"
-    target = targets.pop() if targets and reached else None
-    return Compute(
-        out,
-        f"{path} ({what})",
-        list(raw.get("overrides", [])),
-        {m: list(v) for m, v in raw.get("method_overrides", {}).items()},
-        target,
-        reached if target is not None else {},
-        {r["method"]: r for r in raw["results"]},
-        raw.get("rate"),
-    )
-
-
-def read_compute(path: str) -> Compute:
-    """Per-method per-phase compute seconds from FILE: a mapping method -> {phase: s}, or
-    a bench.network results file (each result's step_seconds and steps to its target)."""
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"--compute {path}: {err}") from None
-    if isinstance(raw, dict) and isinstance(raw.get("results"), list):
-        return read_bench(path, raw)
-    ok = isinstance(raw, dict) and all(
-        isinstance(v, dict) and all(isinstance(x, int | float) for x in v.values())
-        for v in raw.values()
-    )
-    if not ok:
-        raise ConfigError(
-            f"--compute {path}: expected {{method: {{phase: seconds}}}} or a bench.network "
-            "results file"
-        )
-    return Compute({m: {k: float(x) for k, x in v.items()} for m, v in raw.items()}, path)
-
-
-def phase_compute(p, step_seconds: dict[str, float]) -> dict[str, float]:
-    """`timing`'s compute from a run's per-phase mean step seconds: a phase kind the run's
-    log has no name for (a combined method's uncompressed first full-rank steps) computes
-    as a full-rank step of the warm-up."""
-    out = dict(step_seconds)
-    if not out or "full" in out:
-        return out
-    fallback = out.get("warmup", sum(out.values()) / len(out))
-    for kind in p.steps:
-        out.setdefault(kind, fallback)
-    return out
-
-
-def elapsed_at(evals: list[dict], step: float) -> float:
-    """A run's training seconds at `step`, interpolated over its evaluations (from 0 at
-    step 0); past the last one, at the last segment's pace."""
-    pts = [(0.0, 0.0), *((float(e["step"]), float(e["seconds"])) for e in evals)]
-    for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
-        if step <= s1 and s1 > s0:
-            return t0 + (step - s0) / (s1 - s0) * (t1 - t0)
-    (s0, t0), (s1, t1) = pts[-2], pts[-1]
-    return t1 + (step - s1) * (t1 - t0) / (s1 - s0)
-
-
-class ToTarget:
-    """The time model of time to a target accuracy, the one `plan`, bench.rates and the report
-    use: a run made without network cost (one of bench.network's unshaped runs) took
-    `elapsed_at(target_step)` seconds to the step where it reached the target (its
-    evaluations, syncs and phase changes included); a link adds to that what the planner's
-    `timing` adds over it to the steps and syncs before that step (the plan of the run cut
-    there). Training is the same at every rate (gloo and the data order are deterministic),
-    so the target step is too. `cfg`: the settings that run was made with (the target step
-    is a step of its schedule)."""
-
-    def __init__(
-        self, cfg, nodes: int, ranks_per_node: int, classes: int, free: dict, target_step: float
-    ) -> None:
-        from abtrain.config import from_dict
-        from abtrain.planner import plan, timing
-
-        self.ranks = ranks_per_node
-        self.full = plan(cfg, nodes, ranks_per_node, classes)
-        self.compute = phase_compute(self.full, free["step_seconds"])
-        self.start = elapsed_at(free["evals"], target_step)
-        try:  # the run cut at the target step: its phases and syncs up to there
-            cut = from_dict(cfg.dump(), [f"steps={max(1, round(target_step))}"])
-            self.cut, self.scale = plan(cut, nodes, ranks_per_node, classes), 1.0
-        except (ConfigError, ValueError):  # too early for the schedule: scale the run
-            self.cut, self.scale = self.full, target_step / self.full.total_steps
-        self.free = timing(self.cut, ranks_per_node, self.compute, None).seconds
-
-    def step_seconds(self, link: float | None) -> float:
-        """The mean step over the whole run, syncs included."""
-        from abtrain.planner import timing
-
-        return timing(self.full, self.ranks, self.compute, link).mean_step_seconds
-
-    def seconds(self, link: float | None) -> float:
-        from abtrain.planner import timing
-
-        added = timing(self.cut, self.ranks, self.compute, link).seconds - self.free
-        return self.start + self.scale * added
-
-
-def predict(cfg, nodes: int, ranks_per_node: int, classes: int, step_seconds, link):
-    """The planner's plan and timing of `cfg` on nodes x ranks_per_node over `link`."""
-    from abtrain.planner import plan, timing
-
-    p = plan(cfg, nodes, ranks_per_node, classes)
-    return timing(p, ranks_per_node, phase_compute(p, step_seconds), link)
 
 
 def measure_compute(
@@ -295,7 +50,7 @@ def measure_compute(
         for method in [BASELINE, *[m for m in methods if m != BASELINE]]:
             run = Path(tmp) / method
             sets = [
-                x for o in [*overrides, *MEASURE_SETS, f"method={method}"] for x in ("--set", o)
+                x for o in [*overrides, *MEASURE_RUN_SETS, f"method={method}"] for x in ("--set", o)
             ]
             args = ["train", "--config", config, *sets, "--out", str(run)]
             print(f"measuring {method} on {nodes}x{ranks_per_node} ranks ...", flush=True)
@@ -307,7 +62,7 @@ def measure_compute(
                 os.dup2(f.fileno(), 1)
                 os.dup2(f.fileno(), 2)
                 try:
-                    code = launch.run_local(nodes, ranks_per_node, args)
+                    code = localrun.run_local(nodes, ranks_per_node, args)
                 finally:
                     os.dup2(saved[0], 1)
                     os.dup2(saved[1], 2)

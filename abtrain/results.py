@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from abtrain import lowrank, models
-from abtrain.checkpoint import atomic_save
+from abtrain.checkpointer import atomic_save
 from abtrain.config import Config
 from abtrain.files import append_lines, atomic_write_text, csv_step, cut_after
 from abtrain.ledger import Ledger

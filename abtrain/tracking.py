@@ -262,7 +262,7 @@ def open_for_run(
     opens the store; every rank learns whether it could, so all stop alike."""
     import torch
 
-    from abtrain.checkpointer import take_folder
+    from abtrain.files import take_folder
 
     tracker, lock, error = Tracker(cfg, active=False), None, ""
     if rank == 0:

@@ -24,7 +24,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from abtrain import (
-    checkpoint,
     evaluation,
     ledger,
     methods,
@@ -35,7 +34,7 @@ from abtrain import (
     tracking,
 )
 from abtrain.abtraining import DONE, ABTraining
-from abtrain.checkpointer import Checkpointer
+from abtrain.checkpointer import Checkpointer, resume_candidates
 from abtrain.config import Config
 from abtrain.files import atomic_write_text
 from abtrain.loader import StepSampler
@@ -213,7 +212,7 @@ class Trainer:
         self.opt.step()
         loss_value = loss.item()  # waits for the device: the step's time ends here
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm.item())):
-            saved = checkpoint.resume_candidates(self.checkpointer.root)
+            saved = resume_candidates(self.checkpointer.root)
             kept = (
                 f"its last checkpoint, of step {saved[0]}, is whole"
                 if saved

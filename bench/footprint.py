@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from abtrain import checkpoint, config, models
+from abtrain import checkpointer, config, models
 from abtrain.files import atomic_write_text
 
 RESULTS = Path("bench/results")
@@ -55,7 +55,7 @@ def kept_bytes(run: Path) -> int:
 
 
 def checkpoint_bytes(run: Path, step: int) -> int:
-    return sum(p.stat().st_size for p in checkpoint.step_dir(run / "checkpoints", step).iterdir())
+    return sum(p.stat().st_size for p in checkpointer.step_dir(run / "checkpoints", step).iterdir())
 
 
 def one_copy_bytes(cfg: config.Config) -> int:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
 
-from abtrain import config, groups, lowrank, models, planner, sync
+from abtrain import config, footprint, groups, lowrank, models, sync
 from abtrain.files import atomic_write_text
 from abtrain.ledger import Ledger
 from abtrain.models.init import ortho_sigma_
@@ -176,7 +176,7 @@ def measure(batch: int, steps: int) -> dict[str, Any]:
         keep=0.5, role=role, **_throughput(cfg, model, opt, ledger, None, x, y, steps)
     )
     for key, keep in (("ab", 1.0), ("ab_half", 0.5)):
-        mem = planner.footprint(cfg, nodes=2, ranks_per_node=1, classes=1000, keep=keep).memory
+        mem = footprint.footprint(cfg, nodes=2, ranks_per_node=1, classes=1000, keep=keep).memory
         out[key]["planner_held_memory_bytes"] = mem["ab"]["total"]
         if key == "ab":
             out["ddp"]["planner_held_memory_bytes"] = mem["full"]["total"]

@@ -253,8 +253,8 @@ def time_to_target(
     benchmark's links (abtrain.plan.ToTarget, the project's one time model; these runs
     ran over loopback, the unshaped link)."""
     from abtrain import config as abconfig
-    from abtrain.plan import ToTarget
-    from bench.planner import rate_bytes_per_s
+    from abtrain.timing import ToTarget
+    from bench.paper_scale import rate_bytes_per_s
     from bench.rates import best, reach
 
     first = min(r["seed"] for r in rows if r["epochs"] == epochs)
@@ -293,7 +293,7 @@ def timed_together(
 
 
 def classes(cfg: Any) -> int:
-    from abtrain.plan import data_classes
+    from abtrain.preflight import data_classes
 
     return data_classes(cfg)[0]
 

@@ -8,7 +8,7 @@ common accuracy at each rate, measured and predicted (bench.rates).
 Every run trains as the matrix's run of its method at the same world size trains
 (`experiments.runs` resolved by pipeline.common: steps, batch, the search's best values, the
 schedule's fractions, the run's own `set`), so the verdict's time to target and its top-1
-columns come from one configuration; only what the benchmark measures differs (MEASURE_SETS:
+columns come from one configuration; only what the benchmark measures differs (BENCHMARK_SETS:
 an evaluation every 10 steps to time the target, no checkpoints in the timed loop).
 `--no-matrix` takes `train` as params.yaml gives it instead. `--set` and `--method-set` add
 to them or change them, and each per-rate file records the values its runs were made with
@@ -35,34 +35,10 @@ from abtrain import config as abconfig
 from abtrain.files import atomic_write_text, read_record
 from abtrain.progress import duration
 from bench.cluster import Cluster, tbf_burst
-from pipeline.common import stage
+from pipeline.common import BENCHMARK_SETS, last_of_each_key, matrix_sets, stage
 
 RESULTS = Path("bench/results")
 WORK = Path("runs/bench")
-# what the benchmark measures, not what is trained: evaluations often enough to time the
-# target, and no checkpoint writes inside the timed loop
-MEASURE_SETS = ("eval_every=10", "checkpoint_every=0")
-
-
-def matrix_sets(
-    params: dict[str, Any], nodes: int, ranks: int, methods: list[str]
-) -> tuple[list[str], dict[str, list[str]]]:
-    """The overrides of each method's run in the matrix at this world size (a local-batch
-    one, this shape's if the matrix has it): those every method shares, and each one's own."""
-    from pipeline import common
-    from pipeline.train import best_config
-
-    best, each = best_config(params), {}
-    for method in methods:
-        try:
-            run = common.run_of(params, method, nodes, ranks)
-        except abconfig.ConfigError as err:
-            raise SystemExit(f"bench.network: {err}; add one, or pass --no-matrix") from None
-        sets = common.run_overrides(params, run, best)
-        each[method] = last_of_each_key([s for s in sets if not s.startswith("method=")])
-    shared = [s for s in next(iter(each.values())) if all(s in v for v in each.values())]
-    own = {m: [s for s in v if s not in shared] for m, v in each.items()}
-    return shared, {m: v for m, v in own.items() if v}
 
 
 DEFAULT_METHODS = ("ddp", "ab", "powersgd", "ab_powersgd")
@@ -237,17 +213,6 @@ def parse_method_sets(texts: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def last_of_each_key(sets: list[str]) -> list[str]:
-    """KEY=VALUE overrides with each key's earlier values dropped: the same settings,
-    recorded once (the defaults, then what --set changed or added)."""
-    out: dict[str, str] = {}
-    for text in sets:
-        key = text.partition("=")[0].strip()
-        out.pop(key, None)
-        out[key] = text
-    return list(out.values())
-
-
 def estimate(runs: list[tuple[int, int, str | None, str]], a: argparse.Namespace) -> list[float]:
     """Each run's wall seconds, predicted before running it: the planner's time model with
     the per-phase step times of the committed unshaped 2x2 run (a method it lacks: ab's
@@ -255,9 +220,9 @@ def estimate(runs: list[tuple[int, int, str | None, str]], a: argparse.Namespace
     plus its start-up and evaluations as that run measured them."""
     import yaml
 
-    from abtrain.plan import predict
-    from abtrain.planner import count_evaluations
-    from bench.planner import rate_bytes_per_s
+    from abtrain.timing import predict
+    from abtrain.traffic import count_evaluations
+    from bench.paper_scale import rate_bytes_per_s
 
     free = read_record(RESULTS / "network-unshaped.json")
     by = {r["method"]: r for r in free["results"]}
@@ -314,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help="an override of every run, over the matrix's values and the benchmark's own: "
-        + " ".join(MEASURE_SETS),
+        + " ".join(BENCHMARK_SETS),
     )
     p.add_argument(
         "--method-set",
@@ -372,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                 "(another world size); run them in separate commands"
             )
         shared, own = next(iter(matrix.values()))
-    a.set = last_of_each_key([*shared, *MEASURE_SETS, *a.set])
+    a.set = last_of_each_key([*shared, *BENCHMARK_SETS, *a.set])
     a.method_sets = parse_method_sets(
         [f"{m}:{s}" for m, sets in own.items() for s in sets] + a.method_set
     )
@@ -511,7 +476,7 @@ def write_rate(
         r["steps_to_target"] = got and got["step"]
         r["seconds_to_target"] = got and got["seconds"]
     try:
-        from abtrain.plan import data_classes
+        from abtrain.preflight import data_classes
 
         cfg = abconfig.load(a.config, a.set)
         classes: int | None = data_classes(cfg)[0]

@@ -42,8 +42,8 @@ import yaml
 
 from abtrain import config as abconfig
 from abtrain.files import atomic_write_text, read_record
-from abtrain.plan import MODEL_ERROR, ToTarget
-from bench.planner import measured_mean, rate_bytes_per_s
+from abtrain.timing import MODEL_ERROR, ToTarget
+from bench.paper_scale import measured_mean, rate_bytes_per_s
 from pipeline.common import stage
 
 RESULTS = Path("bench/results")

@@ -370,3 +370,39 @@ def _read(text: str) -> Any:
 def _json(value: Any) -> str:
     """For comparing values: 1 and 1.0, or 1 and true, count as different (print when unsure)."""
     return json.dumps(value, sort_keys=True)
+
+
+# what the benchmark measures, not what is trained: evaluations often enough to time the
+# target, and no checkpoint writes inside the timed loop
+# what the network benchmark changes in the matrix's runs: evaluations often enough to
+# read a time to accuracy, no checkpoints to time
+BENCHMARK_SETS = ("eval_every=10", "checkpoint_every=0")
+
+
+def matrix_sets(
+    params: dict[str, Any], nodes: int, ranks: int, methods: list[str]
+) -> tuple[list[str], dict[str, list[str]]]:
+    """The overrides of each method's run in the matrix at this world size (a local-batch
+    one, this shape's if the matrix has it): those every method shares, and each one's own."""
+    best, each = best_config(params), {}
+    for method in methods:
+        try:
+            run = run_of(params, method, nodes, ranks)
+        except abconfig.ConfigError as err:
+            raise SystemExit(f"bench.network: {err}; add one, or pass --no-matrix") from None
+        sets = run_overrides(params, run, best)
+        each[method] = last_of_each_key([s for s in sets if not s.startswith("method=")])
+    shared = [s for s in next(iter(each.values())) if all(s in v for v in each.values())]
+    own = {m: [s for s in v if s not in shared] for m, v in each.items()}
+    return shared, {m: v for m, v in own.items() if v}
+
+
+def last_of_each_key(sets: list[str]) -> list[str]:
+    """KEY=VALUE overrides with each key's earlier values dropped: the same settings,
+    recorded once (the defaults, then what --set changed or added)."""
+    out: dict[str, str] = {}
+    for text in sets:
+        key = text.partition("=")[0].strip()
+        out.pop(key, None)
+        out[key] = text
+    return list(out.values())

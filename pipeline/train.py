@@ -18,7 +18,7 @@ from typing import Any
 
 from abtrain import config as abconfig
 from abtrain.files import atomic_write_text
-from abtrain.launch import run_local
+from abtrain.localrun import run_local
 from abtrain.progress import duration
 from pipeline.common import (
     PARAMS,

@@ -13,7 +13,8 @@ from typing import Any
 
 from torch import nn
 
-from abtrain.config import ConfigError, PythonModel
+from abtrain.errors import ConfigError
+from abtrain.modelspec import split_spec
 
 
 def timm_arch_problem(arch: str) -> str | None:
@@ -74,7 +75,7 @@ def resolve(spec: str) -> Any:
     """The callable named by 'package.module:function', imported now (ConfigError naming
     model.factory if it can't be)."""
     try:
-        module_name, attr = PythonModel.split(spec)
+        module_name, attr = split_spec(spec)
     except ValueError as err:
         raise ConfigError(f"model.factory: {err}") from None
     try:

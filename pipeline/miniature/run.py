@@ -46,19 +46,19 @@ def working_copy(dest: Path) -> None:
     git = ["git", "-c", "user.email=paper-mini@localhost", "-c", "user.name=paper-mini"]
     for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "paper profile in miniature"]):
         subprocess.run(git + cmd, cwd=dest, check=True)
-    freeze_planner(dest)
+    freeze_paper_scale(dest)
     if (ROOT / ".venv").is_dir():
         (dest / ".venv").symlink_to(ROOT / ".venv")  # `source .venv/bin/activate` in jobs
 
 
-def freeze_planner(repo: Path) -> None:
-    """The planner stage predicts the paper's own scale and checks its model against the
+def freeze_paper_scale(repo: Path) -> None:
+    """The paper_scale stage predicts the paper's own scale and checks its model against the
     committed benchmark: a miniature's smaller `train` would only make it predict for a
-    model nobody benchmarked (and cost a minute). Frozen, its committed planner.json stays
+    model nobody benchmarked (and cost a minute). Frozen, its committed paper_scale.json stays
     what the report reads."""
     dvc = Path(sys.executable).with_name("dvc")
     subprocess.run(
-        [str(dvc) if dvc.exists() else "dvc", "freeze", "-q", "planner"], cwd=repo, check=True
+        [str(dvc) if dvc.exists() else "dvc", "freeze", "-q", "paper_scale"], cwd=repo, check=True
     )
 
 

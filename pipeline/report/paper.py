@@ -1,6 +1,6 @@
 """The report beside the paper: the runs' traffic (the paper's Table 1) and compression (its
 Table 2), each with the paper's own table and ratios beside it, and Table 1 at the paper's
-scale as the planner predicts it (bench.planner)."""
+scale as the planner predicts it (bench.paper_scale)."""
 
 from __future__ import annotations
 
@@ -186,8 +186,8 @@ def like_for_like(t1: list[dict[str, Any]], paper: dict[str, Any]) -> list[str]:
 
 def paper_scale_rates(paper: dict[str, Any]) -> list[str]:
     """Table 1 at the paper's scale, predicted: the planner's GB/s per process for the
-    paper profile's ViT-B/16 and ResNet-50 runs (`python -m bench.planner`)."""
-    result = tables.planner()
+    paper profile's ViT-B/16 and ResNet-50 runs (`python -m bench.paper_scale`)."""
+    result = tables.paper_scale()
     if result is None:
         return []
     rates, m = result.get("rates", []), result.get("rate_model", {})
@@ -198,8 +198,8 @@ def paper_scale_rates(paper: dict[str, Any]) -> list[str]:
         "### Table 1 at the paper's scale, predicted",
         "",
         "No run here has the paper's scale, so the planner predicts it "
-        "([`bench/results/planner.json`](../bench/results/planner.json), "
-        "`python -m bench.planner`): the inter-node bytes of the paper profile's runs "
+        "([`bench/results/paper_scale.json`](../bench/results/paper_scale.json), "
+        "`python -m bench.paper_scale`): the inter-node bytes of the paper profile's runs "
         "(the authors' schedules, 4 GPUs per node) and a stated time model, each step its "
         f"compute at {m['flops_per_s'] / 1e12:.0f} TFLOP/s (torch's FLOP count of the step; "
         f"{m['utilisation']:.0%} of an A100's bf16 peak) plus its node's bytes over one "
@@ -302,7 +302,7 @@ def paper_scale_rates(paper: dict[str, Any]) -> list[str]:
 
 def buffers_paragraph(rates: list[dict[str, Any]]) -> list[str]:
     """What DDP's broadcast_buffers, on in the authors' runs and off in abtrain's, would
-    add to the predicted rows (bench.planner's `buffer_*` columns)."""
+    add to the predicted rows (bench.paper_scale's `buffer_*` columns)."""
     rows = [r for r in rates if r.get("buffer_bytes")]
     if not rows:
         return []

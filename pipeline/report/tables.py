@@ -487,14 +487,14 @@ NETWORK_RATES = Path("bench/results/network-rates.json")
 def made_like_the_matrix(p: dict[str, Any], run: dict[str, Any]) -> bool:
     """Whether a bench.network per-rate file's runs were made with the values the matrix's
     runs of their methods train with now (bench.network's default), measurement aside."""
-    from bench.network import MEASURE_SETS, last_of_each_key, matrix_sets
+    from pipeline.common import BENCHMARK_SETS, last_of_each_key, matrix_sets
 
     try:
         methods = [r["method"] for r in run["results"]]
         shared, own = matrix_sets(p, run["nodes"], run["ranks_per_node"], methods)
     except (SystemExit, abconfig.ConfigError, ValueError, KeyError, OSError):
         return False  # no such run in the matrix, or no search record to resolve it
-    want = last_of_each_key([*shared, *MEASURE_SETS])
+    want = last_of_each_key([*shared, *BENCHMARK_SETS])
     return run.get("overrides") == want and (run.get("method_overrides") or {}) == own
 
 
@@ -578,7 +578,7 @@ def first_to_target(
 
 # ---------------------------------------------------------------- the paper and the planner
 PAPER = Path("pipeline/paper_reference.json")
-PLANNER = Path("bench/results/planner.json")
+PAPER_SCALE = Path("bench/results/paper_scale.json")
 
 
 def paper_reference() -> dict[str, Any]:
@@ -586,10 +586,10 @@ def paper_reference() -> dict[str, Any]:
     return read_record(PAPER)
 
 
-def planner() -> dict[str, Any] | None:
-    """The planner's prediction at the paper's scale (`python -m bench.planner`), or None
+def paper_scale() -> dict[str, Any] | None:
+    """The prediction at the paper's scale (`python -m bench.paper_scale`), or None
     where it has not run."""
-    return read_record(PLANNER) if PLANNER.exists() else None
+    return read_record(PAPER_SCALE) if PAPER_SCALE.exists() else None
 
 
 def table2_study() -> bool:

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from abtrain import guidelines, launch, lowrank
+from abtrain import guidelines, lowrank, preflight
 from abtrain.__main__ import main
-from abtrain.config import ConfigError, MethodConfig, load
+from abtrain.config import ConfigError, MethodConfig
+from abtrain.guidelines import load_config as load
 from tests.abtrain.test_data import write_tree
 from tests.conftest import PARAMS, ROOT, TINY, spawn, summary
 from tests.conftest import launch as launch_run
@@ -212,7 +213,7 @@ def test_arguments_timm_refuses_with_a_keyerror_are_named_by_check_and_before_la
     want = "model.kwargs: timm's mixer_s16_224 refused its arguments: KeyError: 'patch_size'"
     assert err.endswith(want) and len(err.splitlines()) == 1, err
     # train: refused by the launcher before any torchrun starts
-    refused = launch.refusal(["train", *args, "--out", "unused"], 2, 1)
+    refused = preflight.refusal(["train", *args, "--out", "unused"], 2, 1)
     assert refused is not None and refused.endswith(want), refused
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from abtrain import batchnorm, checkpoint, planner
+from abtrain import batchnorm, checkpointer, traffic
 from abtrain.ledger import Ledger
 from tests.abtrain.test_data import write_tree
 from tests.conftest import PARAMS, ROOT, launch, spawn, summary, tiny_config
@@ -111,13 +111,13 @@ def test_resnet50_ranks_hold_identical_batchnorm_statistics_after_every_step(
     assert proc.returncode == 0, proc.stderr[-3000:]
     root = tmp_path / "run" / "checkpoints"
     for step in (1, 2, 3):
-        own = [checkpoint.load(root, step, r)[0]["buffers"] for r in range(2)]
+        own = [checkpointer.load(root, step, r)[0]["buffers"] for r in range(2)]
         stats = [k for k in own[0] if k.endswith(("running_mean", "running_var"))]
         assert len(stats) == 2 * 53  # every BatchNorm of ResNet-50
         same = all(torch.equal(own[0][k], own[1][k]) for k in stats)
         assert same == (sync != "local"), step  # per-rank statistics differ without it
     # the planner counts the synced statistics' traffic exactly
-    predicted = planner.plan(tiny_config(*overrides), nodes=2, ranks_per_node=1, classes=2)
+    predicted = traffic.plan(tiny_config(*overrides), nodes=2, ranks_per_node=1, classes=2)
     measured = summary(tmp_path / "run")["traffic"]["inter_node_bytes"]
     assert predicted.inter_bytes == pytest.approx(measured, rel=1e-9), tmp_path
 

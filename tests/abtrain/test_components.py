@@ -14,8 +14,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 
 from abtrain import evaluation, methods, models, process, results
 from abtrain.abtraining import ABTraining
-from abtrain.checkpointer import Checkpointer, take_folder
+from abtrain.checkpointer import Checkpointer
 from abtrain.config import ConfigError
+from abtrain.files import take_folder
 from abtrain.ledger import Ledger
 from abtrain.progress import Progress
 from abtrain.runstate import RunState
@@ -139,7 +140,7 @@ def test_a_run_folder_takes_one_run(tmp_path):
     assert lock is not None and not error
     # a second process (not this one: the lock is per-process reentrant) is refused
     script = (
-        "import sys; from pathlib import Path; from abtrain.checkpointer import take_folder; "
+        "import sys; from pathlib import Path; from abtrain.files import take_folder; "
         f"print(take_folder(Path({str(tmp_path / 'run')!r}))[1])"
     )
     import subprocess

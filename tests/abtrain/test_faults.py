@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from abtrain import checkpoint
+from abtrain import checkpointer
 from tests.conftest import PARAMS, ROOT, TINY, launch, summary
 
 pytestmark = pytest.mark.multiprocess  # every case runs the launcher and torchrun
@@ -92,7 +92,7 @@ def killed(tmp_path):
     """A ddp run on 2 ranks killed at step 35; checkpoints at 10, 20, 30 (two kept)."""
     proc = launch(tmp_path, *DDP, env={"ABTRAIN_FAIL_AT": "1:35"}, nnodes=1, nproc=2)
     assert proc.returncode != 0
-    assert checkpoint.resume_candidates(tmp_path / "checkpoints") == [30, 20]
+    assert checkpointer.resume_candidates(tmp_path / "checkpoints") == [30, 20]
     return tmp_path
 
 
@@ -101,12 +101,12 @@ def test_a_lost_latest_resumes_from_the_newest_whole_checkpoint(killed):
     resumed = launch(killed, *DDP, nnodes=1, nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 30" in resumed.stdout
-    assert checkpoint.whole_steps(killed / "checkpoints") == [30, 40]
+    assert checkpointer.whole_steps(killed / "checkpoints") == [30, 40]
     assert summary(killed)["steps"] == 40
 
 
 def test_a_truncated_checkpoint_is_named_and_the_one_before_it_used(killed):
-    bad = checkpoint.step_dir(killed / "checkpoints", 30) / "replica_0.pt"
+    bad = checkpointer.step_dir(killed / "checkpoints", 30) / "replica_0.pt"
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])  # a crash mid-copy
     resumed = launch(killed, *DDP, nnodes=1, nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -118,7 +118,7 @@ def test_resuming_under_another_world_size_is_refused(killed):
     resumed = launch(killed, *DDP, nnodes=1, nproc=1)
     assert resumed.returncode != 0
     assert "was written by 2 ranks on 1 nodes, this run has 1 on 1" in resumed.stderr
-    assert checkpoint.resume_candidates(killed / "checkpoints") == [30, 20]  # nothing lost
+    assert checkpointer.resume_candidates(killed / "checkpoints") == [30, 20]  # nothing lost
 
 
 def test_a_deleted_config_json_does_not_let_another_config_resume(killed):
@@ -126,7 +126,7 @@ def test_a_deleted_config_json_does_not_let_another_config_resume(killed):
     resumed = launch(killed, *DDP, "optim.lr=0.1", nnodes=1, nproc=2)
     assert resumed.returncode != 0
     assert "another config (optim.lr differ)" in resumed.stderr
-    assert checkpoint.resume_candidates(killed / "checkpoints") == [30, 20]
+    assert checkpointer.resume_candidates(killed / "checkpoints") == [30, 20]
 
 
 def test_a_rank_that_dies_is_restarted_by_torchrun_and_the_run_ends_as_an_uninterrupted_one(
@@ -189,7 +189,7 @@ def test_a_checkpoint_damaged_on_disk_is_named_and_the_one_before_it_used(killed
     """64 bytes flipped in the middle of the newest replica file: same size, meta.json
     untouched, and torch.load would read it without a word. The sha256 recorded when the
     checkpoint was published tells, and the resume falls back to the newest whole one."""
-    bad = checkpoint.step_dir(killed / "checkpoints", 30) / "replica_0.pt"
+    bad = checkpointer.step_dir(killed / "checkpoints", 30) / "replica_0.pt"
     data = bytearray(bad.read_bytes())
     middle = len(data) // 2
     data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
@@ -225,7 +225,7 @@ def test_a_full_disk_at_a_checkpoint_names_the_file_leaves_no_temporary_and_resu
     reference = launch(tmp_path / "ref", *DDP, nnodes=1, nproc=2)
     assert reference.returncode == 0, reference.stderr[-2000:]
     ckpts = tmp_path / "ref" / "checkpoints"
-    one = sum(p.stat().st_size for p in checkpoint.step_dir(ckpts, 40).iterdir())
+    one = sum(p.stat().st_size for p in checkpointer.step_dir(ckpts, 40).iterdir())
     rest = sum(
         p.stat().st_size
         for p in (tmp_path / "ref").rglob("*")
@@ -243,7 +243,7 @@ def test_a_full_disk_at_a_checkpoint_names_the_file_leaves_no_temporary_and_resu
     step = int(failed[0][1])
     assert "enforce fail" not in full.stderr  # torch's own words stay out of sight
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]  # nothing half-written left
-    before = checkpoint.resume_candidates(out / "checkpoints")
+    before = checkpointer.resume_candidates(out / "checkpoints")
     assert before and max(before) < step  # the checkpoints before it are whole
     mount(64 << 20, again=True)  # room again
     resumed = launch(out, *DDP, nnodes=1, nproc=2)
@@ -303,7 +303,7 @@ def test_a_launcher_killed_outright_leaves_no_node_or_rank_training(tmp_path):
         os.kill(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
         assert gone(tmp_path, 60) == [], "processes of the run alive 60 s after the kill"
-        assert checkpoint.resume_candidates(tmp_path / "checkpoints")
+        assert checkpointer.resume_candidates(tmp_path / "checkpoints")
     finally:
         for pid in processes_of(tmp_path):
             os.kill(pid, signal.SIGKILL)
@@ -528,7 +528,7 @@ def test_a_rendezvous_port_another_process_holds_is_named_on_the_last_line(
     """Another process takes the port between the launcher's pick and node 0's torchrun
     listening on it (a race two launches at once can lose): the last line names the port,
     and does not blame node 1, which was only waiting to meet."""
-    from abtrain import launch as launcher
+    from abtrain import localrun as launcher
 
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_A_PORT], stdout=subprocess.PIPE, text=True

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrizations
 
-from abtrain import launch, lowrank, results
+from abtrain import localrun, lowrank, preflight, results
 from abtrain.__main__ import main
-from abtrain.check import check_model
 from abtrain.config import ConfigError
+from abtrain.preflight import check_model
 from tests.conftest import PARAMS, TINY, tiny_config
 
 
@@ -445,24 +445,24 @@ def test_train_and_the_launcher_refuse_it_before_any_process_starts(monkeypatch,
         raise AssertionError("started")
 
     monkeypatch.setattr(cli, "_train", started)
-    monkeypatch.setattr(launch.subprocess, "Popen", started)
+    monkeypatch.setattr(localrun.subprocess, "Popen", started)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     args = ["train", "--config", str(PARAMS), *sets(*TINY, MLP1), "--out", unused]
     assert main(args) == 2
     assert capsys.readouterr().err.startswith("error: model mlp: no layer for ab")
-    assert launch.run_local(2, 1, args) == 2
+    assert localrun.run_local(2, 1, args) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith("error: model mlp: no layer for ab")
     bad = ["train", "--config", str(PARAMS), *sets(*TINY, "ab.full_rank_layers=[nope]")]
-    assert launch.run_local(2, 1, [*bad, "--out", unused]) == 2
+    assert localrun.run_local(2, 1, [*bad, "--out", unused]) == 2
     assert "ab.full_rank_layers: 'nope' names no layer" in capsys.readouterr().err
     # what may start is let through, and so is a model this process can't build
     ok = ["train", "--config", str(PARAMS), *sets(*TINY), "--out", unused]
-    assert launch.refusal(ok, 2, 1) is None
-    assert launch.refusal(["check", *ok[1:-2]], 2, 1) is None
+    assert preflight.refusal(ok, 2, 1) is None
+    assert preflight.refusal(["check", *ok[1:-2]], 2, 1) is None
     elsewhere = "model={name: python, factory: 'not_here:f', kwargs: {}, init: default}"
-    assert launch.refusal([*ok[:-2], *sets(elsewhere), "--out", unused], 2, 1) is None
+    assert preflight.refusal([*ok[:-2], *sets(elsewhere), "--out", unused], 2, 1) is None
 
 
 RESNET18 = "model={name: timm, arch: resnet18, kwargs: {}, init: default}"

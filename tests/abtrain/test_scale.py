@@ -3,7 +3,7 @@ each distinct state once: checked on real 2 × 2 runs with many gradient buckets
 
 import pytest
 
-from abtrain import checkpoint, ledger
+from abtrain import checkpointer, ledger
 from bench.footprint import checkpoint_bytes, kept_bytes, one_copy_bytes
 from tests.conftest import launch, summary, tiny_config
 
@@ -43,7 +43,7 @@ def test_run_folder_and_checkpoint_grow_by_at_most_600_bytes_a_step(ddp_runs):
 
 def test_ddp_checkpoint_is_one_copy_of_model_and_optimizer(ddp_runs):
     d = ddp_runs[40]
-    names = sorted(p.name for p in checkpoint.step_dir(d / "checkpoints", 40).iterdir())
+    names = sorted(p.name for p in checkpointer.step_dir(d / "checkpoints", 40).iterdir())
     assert names == [
         "meta.json",
         "rank_0.pt",

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from abtrain import checkpoint, ledger, lowrank, models, schedule
+from abtrain import checkpointer, ledger, lowrank, models, schedule, traffic
 from tests.conftest import launch, spawn, summary, tiny_config
 
 METHODS = ["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd"]
@@ -26,7 +26,7 @@ def runs(tmp_path_factory):
 
 
 def final_weights(run_dir, rank, steps=40):
-    return checkpoint.model_state(run_dir / "checkpoints", steps, rank)
+    return checkpointer.model_state(run_dir / "checkpoints", steps, rank)
 
 
 # ---------------------------------------------------------------- analytic traffic
@@ -156,7 +156,7 @@ def test_ddp_equals_one_process_on_the_concatenated_batch(runs, tmp_path):
 
 def assert_one_replica_per_group(run_dir, step):
     """Each A/B group is one replica: its state is written once, by its first rank."""
-    saved = sorted(p.name for p in checkpoint.step_dir(run_dir / "checkpoints", step).iterdir())
+    saved = sorted(p.name for p in checkpointer.step_dir(run_dir / "checkpoints", step).iterdir())
     assert saved == [
         "meta.json",
         *(f"rank_{r}.pt" for r in range(4)),
@@ -223,12 +223,11 @@ def test_a_run_folder_refuses_another_config(runs):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.multiprocess
 def test_planner_predicts_the_ledger_without_training(runs, method):
-    from abtrain import planner
 
     s = summary(runs[method])
     cfg = tiny_config(f"method={method}")
     keeps = {k / 64 for f in s["factorizations"] for k in f["ranks"].values()} or {1.0}
-    predicted = planner.plan(cfg, nodes=2, ranks_per_node=2, classes=10, keep=max(keeps))
+    predicted = traffic.plan(cfg, nodes=2, ranks_per_node=2, classes=10, keep=max(keeps))
     measured = s["traffic"]["inter_node_bytes"]
     if keeps == {1.0}:
         assert predicted.inter_bytes == pytest.approx(measured, rel=1e-9)
@@ -277,10 +276,9 @@ def test_ab_powersgd_compresses_the_full_rank_steps_and_syncs_only_what_was_trai
     t = s["traffic"]
     assert t["inter_node_bytes"] == pytest.approx(inter, rel=1e-9)
     assert t["by_phase"]["ab"]["inter"] == 0
-    from abtrain import planner
 
     keeps = {k / 64 for f in s["factorizations"] for k in f["ranks"].values()}
-    predicted = planner.plan(cfg, nodes=2, ranks_per_node=2, classes=10, keep=max(keeps))
+    predicted = traffic.plan(cfg, nodes=2, ranks_per_node=2, classes=10, keep=max(keeps))
     if keeps == {1.0}:
         assert predicted.inter_bytes == pytest.approx(t["inter_node_bytes"], rel=1e-9)
     else:
@@ -370,7 +368,6 @@ C3DBC10 += ("ab.full_rank_layers=[]", "ab.sigma_cutoff=0.000001")  # every layer
 def test_the_authors_c3dbc10_no_groups_run_sends_what_the_planner_predicts(tmp_path):
     """Two half-world groups (nodes here) train B = ΣVᵀ of every layer, the head's wide
     10 x 64 too (B is k x 10); each sync sends rank 0's W and the rest, nothing averaged."""
-    from abtrain import planner
 
     proc = launch(tmp_path, *C3DBC10)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -379,7 +376,7 @@ def test_the_authors_c3dbc10_no_groups_run_sends_what_the_planner_predicts(tmp_p
     ranks = (tmp_path / "ranks.csv").read_text().splitlines()
     assert ranks[0].endswith("a_shape,b_shape")
     assert any(r.startswith("8,head,10,10,64,10,1,64x10,10x10") for r in ranks)
-    predicted = planner.plan(tiny_config(*C3DBC10), nodes=2, ranks_per_node=2, classes=10)
+    predicted = traffic.plan(tiny_config(*C3DBC10), nodes=2, ranks_per_node=2, classes=10)
     assert predicted.inter_bytes == pytest.approx(s["traffic"]["inter_node_bytes"], rel=1e-9)
     by_phase = s["traffic"]["by_phase"]
     assert by_phase["ab"]["inter"] == 0  # each group is a node

@@ -128,13 +128,13 @@ def test_network_runs_the_matrixs_values_and_records_what_it_changed(tmp_path, m
     d = json.loads((tmp_path / "network-200mbit.json").read_text())
     # no --set: each method as the matrix's run of it at 2 x 2 trains (the search's values,
     # the schedule's fractions of its steps, its own set), and the benchmark's measurement
-    from pipeline.common import best_config, params, run_overrides, runs
+    from pipeline.common import BENCHMARK_SETS, best_config, params, run_overrides, runs
 
     p = params()
     ddp = [s for s in run_overrides(p, runs(p)["ddp-2x2"], best_config(p)) if "method=" not in s]
     abps = run_overrides(p, runs(p)["abps-2x2"], best_config(p))
     sets = d["overrides"] + d["method_overrides"]["ddp"]
-    assert {*ddp, *network.MEASURE_SETS} - {"eval_every=39"} == set(sets) - {"eval_every=39"}
+    assert {*ddp, *BENCHMARK_SETS} - {"eval_every=39"} == set(sets) - {"eval_every=39"}
     assert d["method_overrides"]["ab_powersgd"] == ["ab.sync_mode=only_learned"] == abps[-1:]
     # so a new rate joins the committed runs
     assert d["overrides"] == committed("network-200mbit")["overrides"]

@@ -9,9 +9,9 @@ import shutil
 import pytest
 import yaml
 
-from abtrain import plan, schedule
+from abtrain import schedule, timing, traffic
 from abtrain.config import from_dict
-from bench import network, planner, rates
+from bench import network, paper_scale, rates
 from tests.conftest import ROOT
 
 RESULTS = ROOT / "bench/results"
@@ -44,8 +44,8 @@ def test_the_target_is_reached_on_the_smoothed_curve_between_evaluations():
     assert got["step"] == pytest.approx(25 + 10 * (29 - 28) / (30 - 28))
     assert got["seconds"] == pytest.approx(12.5 + 5 * 0.5)
     assert rates.reach(e, 30.5) is None
-    assert plan.elapsed_at(e, 15) == pytest.approx(7.5)
-    assert plan.elapsed_at(e, 50) == pytest.approx(25.0)  # past the end: the last pace
+    assert timing.elapsed_at(e, 15) == pytest.approx(7.5)
+    assert timing.elapsed_at(e, 50) == pytest.approx(25.0)  # past the end: the last pace
 
 
 def test_per_rate_files_are_named_by_rate_and_by_nodes_beyond_two_by_two():
@@ -54,9 +54,9 @@ def test_per_rate_files_are_named_by_rate_and_by_nodes_beyond_two_by_two():
     assert rates.result_name(4, 1, "200mbit") == "network-4n-200mbit"
     assert rates.result_name(4, 2, "1gbit") == "network-4n2r-1gbit"
     # the planner's check reads rates from file names: these are no rate to it
-    assert planner.rate_bytes_per_s("4n-200mbit") is None
-    assert planner.rate_bytes_per_s("rates") is None
-    assert planner.rate_bytes_per_s("50mbit") == 50e6 / 8
+    assert paper_scale.rate_bytes_per_s("4n-200mbit") is None
+    assert paper_scale.rate_bytes_per_s("rates") is None
+    assert paper_scale.rate_bytes_per_s("50mbit") == 50e6 / 8
 
 
 def test_the_time_model_picks_the_measured_fastest_method_at_every_committed_rate():
@@ -182,9 +182,9 @@ def test_ab_phase_counts_used_by_the_check_come_from_the_schedule():
     cfg = from_dict(params["train"], ["method=ab", *d["overrides"]])
     kinds = [schedule.phase_at(t, cfg).kind for t in range(cfg.steps)]
     ab = next(r for r in d["results"] if r["method"] == "ab")
-    pl = planner.plan(cfg, 2, 2, 10)
+    pl = traffic.plan(cfg, 2, 2, 10)
     expected = sum(ab["step_seconds"][k] for k in kinds) / len(kinds)
-    assert planner.measured_mean(pl, ab["step_seconds"]) == pytest.approx(expected)
+    assert paper_scale.measured_mean(pl, ab["step_seconds"]) == pytest.approx(expected)
 
 
 def colours_in(png) -> set[str]:

@@ -5,7 +5,7 @@ import pytest
 import torch
 import yaml
 
-from abtrain import config, methods, schedule
+from abtrain import config, methods, schedule, traffic
 from pipeline.common import run_overrides, runs
 from tests.conftest import ROOT
 
@@ -276,7 +276,7 @@ def test_both_two_node_weight_decays_of_the_authors_are_runs():
 def test_b_is_the_authors_short_side_and_the_planner_counts_it(name, wide, layers, ratio):
     """The authors turn a wide matrix upright before the SVD, so B is k x min(m, n): the
     out x in·kh·kw view's B would be `ratio` times as large over the model at full rank."""
-    from abtrain import lowrank, models, planner
+    from abtrain import lowrank, models
 
     cfg = config.from_dict(PAPER["train"], run_overrides(PAPER, runs(PAPER)[name], None, IMAGENET))
     with torch.device("meta"):
@@ -287,7 +287,7 @@ def test_b_is_the_authors_short_side_and_the_planner_counts_it(name, wide, layer
     out_by_in = sum(c.full_rank * c.cols for c in chosen)
     assert out_by_in / short == pytest.approx(ratio, abs=0.005)
     long = sum(c.full_rank * max(c.rows, c.cols) for c in chosen)
-    s = planner.sizes(cfg, 1000)
+    s = traffic.sizes(cfg, 1000)
     assert (s.a, s.b) == (4 * long, 4 * short)  # fp32 bytes of A and B at full rank
 
 

@@ -16,7 +16,7 @@ import yaml
 from PIL import Image
 from ruamel.yaml import YAML
 
-from pipeline.miniature.run import freeze_planner
+from pipeline.miniature.run import freeze_paper_scale
 from tests.conftest import ROOT
 
 # dvc on a copy of the repository, every test; the `mini` pipeline trains with torchrun and
@@ -126,7 +126,7 @@ def mini(tmp_path_factory):
     params = miniature(rt.load((repo / "params.yaml").read_text()), tmp / "images")
     with (repo / "params.yaml").open("w") as f:
         rt.dump(params, f)
-    freeze_planner(repo)  # paper-scale predictions, not the miniature's: as pipeline.miniature
+    freeze_paper_scale(repo)  # paper-scale predictions, not the miniature's: as pipeline.miniature
     first = dvc(repo, "repro")
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
     return repo, first

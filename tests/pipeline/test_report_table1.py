@@ -44,11 +44,11 @@ def test_table1_sets_the_rate_ratio_beside_the_byte_ratio_and_splits_it():
 
 
 def test_the_paper_scale_table_sets_predicted_gb_per_s_beside_table_1(monkeypatch):
-    """From the committed bench/results/planner.json: one row per AB run of the paper
+    """From the committed bench/results/paper_scale.json: one row per AB run of the paper
     profile, its GB/s ratio beside the paper's; parts and ratios read as they should."""
     from tests.conftest import ROOT
 
-    monkeypatch.setattr(tables, "PLANNER", ROOT / "bench/results/planner.json")
+    monkeypatch.setattr(tables, "PAPER_SCALE", ROOT / "bench/results/paper_scale.json")
     paper = json.loads((ROOT / "pipeline/paper_reference.json").read_text())
     md = paper_scale_rates(paper)
     rows = [line.split(" | ") for line in md if line.startswith("| ViT-B/16 |")]

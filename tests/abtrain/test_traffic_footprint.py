@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from abtrain import config, lowrank, models, planner, schedule
+from abtrain import config, footprint, lowrank, models, schedule, timing, traffic
 from abtrain.ledger import Ledger
 from abtrain.runstate import RunState
 from tests.conftest import ROOT, launch, tiny_config
@@ -35,7 +35,7 @@ def test_a_full_rank_replica_is_a_saved_model_and_its_adamw_state(width):
     model = models.build(cfg, 10, 64)
     opt = one_adamw_step(model)
     real = saved_size(dict(model=model.state_dict(), optim=opt.state_dict()))
-    predicted = planner.replica_bytes(planner.sizes(cfg, 10))
+    predicted = footprint.replica_bytes(traffic.sizes(cfg, 10))
     assert predicted == pytest.approx(real, rel=0.03)
 
 
@@ -50,9 +50,9 @@ def test_an_ab_replica_holds_the_factors_and_the_moments_of_what_its_group_train
         a, b = lowrank.factorize(layer.weight, 0.5, rank=max(1, round(keep * min(rows, cols))))
         layer.set_factors(a, b, role)
     opt = one_adamw_step(model)
-    s = planner.sizes(cfg, 10, keep)
+    s = traffic.sizes(cfg, 10, keep)
     # as the trainer saves it: W kept beside A and B (its moments too, had it trained)
-    assert planner.saved_replica_bytes(s, "ab", role, carry=False) == pytest.approx(
+    assert footprint.saved_replica_bytes(s, "ab", role, carry=False) == pytest.approx(
         saved_size(dict(model=model.state_dict(), optim=opt.state_dict())), rel=0.03
     )
 
@@ -71,7 +71,7 @@ def test_a_ranks_own_file_is_its_buffers_rng_ledger_and_run_state():
         method=dict(phase=None, factorizations=[], shapes={}, ledger=Ledger(0, [0]).state()),
         replica=0,
     )
-    predicted = planner.rank_state_bytes(planner.sizes(cfg, 10), cuda=False)
+    predicted = footprint.rank_state_bytes(traffic.sizes(cfg, 10), cuda=False)
     assert predicted == pytest.approx(saved_size(own), rel=0.05)
 
 
@@ -83,28 +83,28 @@ def paper_config(*overrides):
 def test_at_paper_scale_per_collective_rows_are_tens_of_millions_and_aggregates_one_a_step():
     # ViT-B/16 (346 MB of gradients: 14 buckets of 25 MiB), 32 nodes x 4 GPUs, 45,000 steps
     cfg = paper_config("method=ddp", "steps=45000")
-    f = planner.footprint(cfg, nodes=32, ranks_per_node=4, classes=1000)
+    f = footprint.footprint(cfg, nodes=32, ranks_per_node=4, classes=1000)
     led = f.ledger
     assert led["per_collective_rows"] == pytest.approx(45_000 * 14 * 128, rel=1e-3)  # 80.6 M
     assert 45_000 < led["rows"] < 45_000 * 1.01  # one gradient row a step, a few extra
     assert led["per_collective_bytes"] / led["csv_bytes"] > 1000
     assert led["train_log_rows"] == 45_000
     # a rank's ledger memory doesn't grow with the run: it holds the steps since a flush
-    short = planner.footprint(paper_config("method=ddp", "steps=4500"), 32, 4, 1000)
+    short = footprint.footprint(paper_config("method=ddp", "steps=4500"), 32, 4, 1000)
     assert short.ledger["memory_bytes_per_rank"] == led["memory_bytes_per_rank"] < 2e6
     # one full-rank replica: parameters and two moments, 3 x 346 MB
-    s = planner.sizes(cfg, 1000)
+    s = traffic.sizes(cfg, 1000)
     assert f.checkpoint["bytes"] == pytest.approx(3 * s.full, rel=0.01)
     assert f.checkpoint["disk_bytes"] == 2 * f.checkpoint["bytes"]  # keep_checkpoints: 2
 
 
 def test_after_the_first_factorisation_every_group_writes_one_replica():
-    f = planner.footprint(paper_config("method=ab", "steps=45000"), 32, 4, 1000, keep=0.5)
+    f = footprint.footprint(paper_config("method=ab", "steps=45000"), 32, 4, 1000, keep=0.5)
     c = f.checkpoint
     assert c["replicas"] == 32
     assert c["bytes"] == max(c["bytes_by_phase"].values()) > 10 * c["bytes_by_phase"]["full"]
     assert c["in_ab_phase"] > 0
-    nogroups = planner.footprint(paper_config("method=ab_nogroups"), 32, 4, 1000, keep=0.5)
+    nogroups = footprint.footprint(paper_config("method=ab_nogroups"), 32, 4, 1000, keep=0.5)
     assert nogroups.checkpoint["replicas"] == 1
 
 
@@ -118,9 +118,9 @@ def test_a_real_run_writes_what_the_planner_predicts(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     ranks = [k for f in summary["factorizations"] for k in f["ranks"].values()]
     keep = sum(ranks) / len(ranks) / cfg.model.width
-    s = planner.sizes(cfg, 10, keep)
-    groups = planner.ab_groups(cfg, 4, 2)
-    calls = planner.ledger_calls(cfg, s, groups, 4, 2)
+    s = traffic.sizes(cfg, 10, keep)
+    groups = traffic.ab_groups(cfg, 4, 2)
+    calls = footprint.ledger_calls(cfg, s, groups, 4, 2)
 
     csv = (tmp_path / "ledger.csv").read_text().splitlines()[1:]
     written = {}
@@ -137,23 +137,23 @@ def test_a_real_run_writes_what_the_planner_predicts(tmp_path):
         step = int(folder.name.split("_")[1])
         low_rank = step < cfg.steps and schedule.phase_at(step - 1, cfg).low_rank
         if step <= cfg.ab.warmup_steps:  # one replica: the full-rank model
-            want = planner.saved_replica_bytes(s, "full", "a", carry)
+            want = footprint.saved_replica_bytes(s, "full", "a", carry)
         else:  # one per group: A and B kept beside W, and each group's own moments
             kind = "ab" if low_rank else "rebound"
-            want = sum(planner.saved_replica_bytes(s, kind, r, carry) for _, r in groups)
+            want = sum(footprint.saved_replica_bytes(s, kind, r, carry) for _, r in groups)
         got = sum(p.stat().st_size for p in folder.glob("replica_*.pt"))
         assert got == pytest.approx(want, rel=0.03), folder.name
         evals = sum(e["step"] <= step for e in summary["evals"])
         facts = sum(f["step"] < step for f in summary["factorizations"])
-        own = planner.rank_state_bytes(s, evals, facts, cuda=False)
+        own = footprint.rank_state_bytes(s, evals, facts, cuda=False)
         for p in folder.glob("rank_*.pt"):
             assert p.stat().st_size == pytest.approx(own, rel=0.05), p
 
 
 def test_memory_per_gpu_counts_what_the_trainer_holds():
     cfg = paper_config("method=ab")
-    s = planner.sizes(cfg, 1000)
-    mem = planner.footprint(cfg, 4, 4, 1000).memory
+    s = traffic.sizes(cfg, 1000)
+    mem = footprint.footprint(cfg, 4, 4, 1000).memory
     assert mem["full"]["total"] == 5 * s.full  # params, grads, DDP's buckets, two moments
     # in AB phases W stays (frozen) beside A and B, and carry keeps W's moments
     assert mem["ab"]["params"] == s.full + s.a + s.b
@@ -168,8 +168,8 @@ def test_a_step_waits_for_the_bytes_its_node_sends_over_its_link(nodes, per_node
     from abtrain.ledger import wire_bytes
 
     cfg = tiny_config("method=ddp", "steps=10", "checkpoint_every=0")
-    p = planner.plan(cfg, nodes, per_node, classes=10)
-    full = planner.sizes(cfg, 10).full
+    p = traffic.plan(cfg, nodes, per_node, classes=10)
+    full = traffic.sizes(cfg, 10).full
     ranks = list(range(nodes * per_node))
     out = {n: 0 for n in range(nodes)}
     for r in ranks:
@@ -177,17 +177,17 @@ def test_a_step_waits_for_the_bytes_its_node_sends_over_its_link(nodes, per_node
         if r // per_node != peer // per_node:
             out[r // per_node] += sent
     link = 1e6
-    t = planner.timing(p, per_node, {"full": 0.5}, link)
+    t = timing.timing(p, per_node, {"full": 0.5}, link)
     assert t.step_seconds["full"] == pytest.approx(0.5 + max(out.values()) / link, rel=1e-3)
-    assert planner.timing(p, per_node, {"full": 0.5}, None).seconds == pytest.approx(5.0)
+    assert timing.timing(p, per_node, {"full": 0.5}, None).seconds == pytest.approx(5.0)
 
 
 def test_an_ab_run_pays_the_link_only_at_full_rank_and_in_its_syncs():
     cfg = tiny_config(
         "method=ab", "steps=60", "ab.warmup_steps=20", "ab.ab_steps=10", "ab.rebound_steps=5"
     )
-    p = planner.plan(cfg, 2, 2, classes=10)
-    t = planner.timing(p, 2, {"full": 1.0, "ab": 0.5, "sync": 2.0}, 1e6)
+    p = traffic.plan(cfg, 2, 2, classes=10)
+    t = timing.timing(p, 2, {"full": 1.0, "ab": 0.5, "sync": 2.0}, 1e6)
     assert t.step_seconds["ab"] == 0.5  # groups inside nodes: nothing crosses
     assert t.step_seconds["warmup"] == t.step_seconds["rebound"] > 1.0
     assert p.syncs == 3 and t.sync_seconds > 2.0
@@ -195,7 +195,7 @@ def test_an_ab_run_pays_the_link_only_at_full_rank_and_in_its_syncs():
     assert t.seconds == pytest.approx(expected)
     assert t.gb_per_s == pytest.approx(p.inter_bytes / t.seconds / 1e9)
     with pytest.raises(ValueError, match="'ab'"):
-        planner.timing(p, 2, {"warmup": 1.0}, 1e6)
+        timing.timing(p, 2, {"warmup": 1.0}, 1e6)
 
 
 def test_the_time_model_predicts_the_emulated_clusters_step_times():
@@ -203,7 +203,7 @@ def test_the_time_model_predicts_the_emulated_clusters_step_times():
     planned bytes over the shaped link give its shaped mean step time within 10%, as
     bench.rates predicts it (one time model)."""
     from bench import rates
-    from bench.planner import network_check
+    from bench.paper_scale import network_check
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     check = network_check(params)
@@ -222,7 +222,7 @@ def test_the_time_model_predicts_the_emulated_clusters_step_times():
 
 @pytest.mark.slow  # plans every paper-scale run: ~35 s of CPU
 def test_paper_scale_rates_are_gb_per_s_of_the_stated_model():
-    from bench.planner import paper_rates
+    from bench.paper_scale import paper_rates
 
     p = yaml.safe_load((ROOT / "profiles/paper.yaml").read_text())
     ref = json.loads((ROOT / "pipeline/paper_reference.json").read_text())["table1"]["rows"]
@@ -259,10 +259,10 @@ def test_the_buffer_broadcast_abtrain_leaves_off_is_what_the_authors_ddp_sent():
     paper = yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text())
     run = runs(paper)["r50-ddp-4n-local"]
     cfg = config.from_dict(paper["train"], run_overrides(paper, run, None, size=1_281_167))
-    b = planner.buffer_broadcast(cfg, 4, 4, 1000)
+    b = traffic.buffer_broadcast(cfg, 4, 4, 1000)
     assert b["bytes"] == 2 * 26_560 * 4 + 53 * 8 == 212_904
     assert b["inter_bytes_per_step"] == pytest.approx(212_904 * 3 / 16)  # 3 node hops / 16
     ab = runs(paper)["r50-ab-4n-local"]
     cfg = config.from_dict(paper["train"], run_overrides(paper, ab, None, size=1_281_167))
-    ab_b = planner.buffer_broadcast(cfg, 4, 4, 1000)
+    ab_b = traffic.buffer_broadcast(cfg, 4, 4, 1000)
     assert ab_b["inter_bytes_per_step"] < b["inter_bytes_per_step"]  # none in node groups

@@ -1,11 +1,11 @@
 """The paper's scale on paper: predicted inter-node bytes per rank per step for the paper
 profile's ViT-B/16 and ResNet-50 runs at 2-32 nodes, beside the paper's Table 1; and for
 every run of the matrix what it keeps: memory per GPU, checkpoint bytes and disk, ledger
-and log records (`abtrain.planner.footprint`).
+and log records (`abtrain.footprint.footprint`).
 
-    python -m bench.planner [--out FILE]   # writes bench/results/planner.json, prints tables
+    python -m bench.paper_scale [--out FILE]   # writes bench/results/paper_scale.json, prints tables
 
-A computation, no training (the DVC stage `planner` runs it). The ranks training keeps are
+A computation, no training (the DVC stage `paper_scale` runs it). The ranks training keeps are
 an assumption (`keep`, a fraction of each layer's full rank); both full rank (1.0) and
 half (0.5) are shown. The paper-scale GB/s rest on a stated compute rate and link; each
 Table 1 row also carries AB's rate over DDP's across a band of both (`rate_ratio_band`).
@@ -23,10 +23,11 @@ import yaml
 
 from abtrain import config as abconfig
 from abtrain.files import atomic_write_text, read_record
+from abtrain.footprint import footprint
 from abtrain.methods import kind
 from abtrain.models import label as model_label
-from abtrain.plan import predict
-from abtrain.planner import Plan, buffer_broadcast, footprint, plan, step_flops, timing
+from abtrain.timing import predict, step_flops, timing
+from abtrain.traffic import Plan, buffer_broadcast, plan
 from pipeline.common import base_config, run_overrides, runs, stage
 
 IMAGENET_TRAIN = 1_281_167
@@ -249,12 +250,12 @@ def network_check(params: dict) -> list[dict]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="python -m bench.planner",
+        prog="python -m bench.paper_scale",
         description="Predict, without training, the paper-scale traffic and rates of the paper "
         "profile's runs (Table 1), the time model against bench.network's committed runs, and "
         "what every run of the matrix keeps; writes one JSON file and prints tables.",
     )
-    ap.add_argument("--out", default=str(RESULTS / "planner.json"), help="%(default)s")
+    ap.add_argument("--out", default=str(RESULTS / "paper_scale.json"), help="%(default)s")
     return ap.parse_args(argv)
 
 
