@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from abtrain import models, schedule, sync
-from tests.conftest import ROOT, launch, spawn, summary, tiny_config
+from tests.helpers import ROOT, launch, spawn, summary, tiny_config
 
 # A ViT, a ResNet, a ConvNeXt (depthwise 7×7 convs) and a RegNet (grouped convs), shrunk to
 # CPU size through timm's own arguments; 32 px inputs.

@@ -17,8 +17,8 @@ from abtrain.__main__ import main
 from abtrain.config import ConfigError, MethodConfig
 from abtrain.guidelines import load_config as load
 from tests.abtrain.test_data import write_tree
-from tests.conftest import PARAMS, ROOT, TINY, spawn, summary
-from tests.conftest import launch as launch_run
+from tests.helpers import PARAMS, ROOT, TINY, spawn, summary
+from tests.helpers import launch as launch_run
 
 
 # ---------------------------------------------------------------- no config file

@@ -11,7 +11,7 @@ from torch import nn
 from abtrain import batchnorm, checkpointer, traffic
 from abtrain.ledger import Ledger
 from tests.abtrain.test_data import write_tree
-from tests.conftest import PARAMS, ROOT, launch, spawn, summary, tiny_config
+from tests.helpers import PARAMS, ROOT, launch, spawn, summary, tiny_config
 
 pytestmark = pytest.mark.multiprocess  # spawned gloo ranks, launched runs
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from abtrain.__main__ import main
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def run_folders(dest: Path) -> list[Path]:

@@ -20,7 +20,7 @@ from abtrain.files import take_folder
 from abtrain.ledger import Ledger
 from abtrain.progress import Progress
 from abtrain.runstate import RunState
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 
 
 @pytest.fixture

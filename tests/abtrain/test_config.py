@@ -8,7 +8,7 @@ import pytest
 from abtrain import config, methods
 from abtrain.__main__ import main
 from tests.abtrain.test_data import write_tree
-from tests.conftest import PARAMS, ROOT, tiny_config
+from tests.helpers import PARAMS, ROOT, tiny_config
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from abtrain import config, loader, prepare, sources, tasks
-from tests.conftest import ROOT, tiny_config
+from tests.helpers import ROOT, tiny_config
 
 SHARED_CIFAR = ROOT.parent / "shared" / "data" / "cifar10-jpg.tar.gz"
 

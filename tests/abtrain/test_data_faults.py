@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.abtrain.test_data import write_colour_tree, write_tree
-from tests.conftest import PARAMS, ROOT, TINY, launch
+from tests.helpers import PARAMS, ROOT, TINY, launch
 
 pytestmark = pytest.mark.multiprocess  # the launcher's refusal, as a user meets it
 

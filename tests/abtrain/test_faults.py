@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from abtrain import checkpointer
-from tests.conftest import PARAMS, ROOT, TINY, launch, summary
+from tests.helpers import PARAMS, ROOT, TINY, launch, summary
 
 pytestmark = pytest.mark.multiprocess  # every case runs the launcher and torchrun
 

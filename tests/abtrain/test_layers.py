@@ -18,7 +18,7 @@ from abtrain import localrun, lowrank, preflight, results
 from abtrain.__main__ import main
 from abtrain.config import ConfigError
 from abtrain.preflight import check_model
-from tests.conftest import PARAMS, TINY, tiny_config
+from tests.helpers import PARAMS, TINY, tiny_config
 
 
 def reasons(model: nn.Module, full_rank_layers: list[str] | None = None) -> dict[str, str]:

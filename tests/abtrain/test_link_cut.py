@@ -12,7 +12,7 @@ import time
 import pytest
 
 from bench import cluster
-from tests.conftest import PARAMS, ROOT, TINY
+from tests.helpers import PARAMS, ROOT, TINY
 
 pytestmark = pytest.mark.multiprocess
 

@@ -4,7 +4,7 @@ from torch import nn
 
 from abtrain import lowrank
 from abtrain.ledger import Ledger
-from tests.conftest import spawn
+from tests.helpers import spawn
 
 
 def with_spectrum(sigma: list[float], m: int = 12, n: int = 9, seed: int = 0) -> torch.Tensor:

@@ -10,7 +10,7 @@ import yaml
 from abtrain import config, lowrank, models
 from abtrain.config import ConfigError
 from abtrain.models.init import ortho_sigma_
-from tests.conftest import ROOT, tiny_config
+from tests.helpers import ROOT, tiny_config
 
 VIT = (
     "{name: python, factory: 'timm.models.vision_transformer:VisionTransformer', kwargs: "

@@ -14,7 +14,7 @@ from abtrain.__main__ import main
 from abtrain.config import ConfigError, from_dict
 from abtrain.preflight import data_classes
 from abtrain.timing import link_bytes_per_s
-from tests.conftest import PARAMS, ROOT
+from tests.helpers import PARAMS, ROOT
 
 UNSHAPED = ROOT / "bench/results/network-unshaped.json"
 RATES = ROOT / "bench/results/network-rates.json"

@@ -5,7 +5,7 @@ import pytest
 
 from abtrain import checkpointer, ledger
 from bench.footprint import checkpoint_bytes, kept_bytes, one_copy_bytes
-from tests.conftest import launch, summary, tiny_config
+from tests.helpers import launch, summary, tiny_config
 
 pytestmark = pytest.mark.multiprocess  # real 2 x 2 runs through the launcher
 

@@ -2,7 +2,7 @@ import pytest
 
 from abtrain import schedule
 from abtrain.schedule import Phase
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 
 
 def test_phase_sequence_for_a_given_schedule():

@@ -4,7 +4,7 @@ from torch import nn
 
 from abtrain import groups, lowrank, sync
 from abtrain.ledger import Ledger
-from tests.conftest import spawn
+from tests.helpers import spawn
 
 pytestmark = pytest.mark.multiprocess  # every test spawns gloo ranks
 

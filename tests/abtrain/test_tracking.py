@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from abtrain.mlflow_browser import free_port
-from tests.conftest import launch, summary
+from tests.helpers import launch, summary
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -91,7 +91,7 @@ def test_run_logs_params_tags_metrics_and_artifacts(tracked):
 @pytest.mark.multiprocess
 def test_run_names_and_tags_tell_matrix_points_apart(tracked):
     from abtrain.tracking import run_name_for
-    from tests.conftest import tiny_config
+    from tests.helpers import tiny_config
 
     d, _, _, runs, _ = tracked
     assert runs["ab"].info.run_name == "ab-2x1-b16"  # whole in the runs table
@@ -108,7 +108,7 @@ def test_run_names_and_tags_tell_matrix_points_apart(tracked):
 
 def test_tags_override_takes_a_mapping_and_single_keys():
     from abtrain import config
-    from tests.conftest import tiny_config
+    from tests.helpers import tiny_config
 
     cfg = tiny_config('tracking.tags={"scale": "2x2", "batch": "local"}', "tracking.tags.seed=3")
     assert cfg.tracking.tags == {"scale": "2x2", "batch": "local", "seed": "3"}
@@ -241,7 +241,7 @@ def _finished(client, uri, tmp_path, name, method, batch, ab_bytes=None):
     """A run through Tracker as the trainer drives it, its summary.json written by hand."""
     from abtrain import config
     from abtrain.tracking import Tracker, run_tags
-    from tests.conftest import PARAMS, TINY
+    from tests.helpers import PARAMS, TINY
 
     out = tmp_path / name
     out.mkdir()
@@ -549,7 +549,7 @@ def test_a_training_run_records_its_search_record_and_what_tells_it_apart(tmp_pa
     from abtrain import config
     from abtrain.tracking import Tracker, run_tags
     from pipeline.train import search_tags
-    from tests.conftest import PARAMS, TINY
+    from tests.helpers import PARAMS, TINY
 
     record = tmp_path / "results" / "search" / "optuna" / "best.json"
     record.parent.mkdir(parents=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PARAMS, ROOT, TINY, mlflow_server, summary
+from abtrain.mlflow_browser import mlflow_server
+from tests.helpers import PARAMS, ROOT, TINY, summary
 
 pytestmark = pytest.mark.multiprocess
 

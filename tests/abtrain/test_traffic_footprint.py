@@ -12,7 +12,7 @@ import yaml
 from abtrain import config, footprint, lowrank, models, schedule, timing, traffic
 from abtrain.ledger import Ledger
 from abtrain.runstate import RunState
-from tests.conftest import ROOT, launch, tiny_config
+from tests.helpers import ROOT, launch, tiny_config
 
 
 def saved_size(obj) -> int:

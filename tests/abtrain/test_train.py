@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from abtrain import checkpointer, ledger, lowrank, models, schedule, traffic
-from tests.conftest import launch, spawn, summary, tiny_config
+from tests.helpers import launch, spawn, summary, tiny_config
 
 METHODS = ["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd"]
 

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):

@@ -15,7 +15,7 @@ import yaml
 from abtrain.config import apply_overrides
 from bench import lengths
 from pipeline.report.verdict import lengths_line
-from tests.conftest import ROOT, TINY
+from tests.helpers import ROOT, TINY
 
 
 def row(epochs, seed, method, best, compression=1.0, nbytes=100.0):

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from bench import cluster, network
-from tests.conftest import PARAMS, ROOT, TINY
+from tests.helpers import PARAMS, ROOT, TINY
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from bench import network, rates
-from tests.conftest import PARAMS, ROOT
+from tests.helpers import PARAMS, ROOT
 
 RESULTS = ROOT / "bench/results"
 

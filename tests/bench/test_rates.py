@@ -12,7 +12,7 @@ import yaml
 from abtrain import schedule, timing, traffic
 from abtrain.config import from_dict
 from bench import network, paper_scale, rates
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 RESULTS = ROOT / "bench/results"
 

@@ -10,7 +10,7 @@ import yaml
 
 from abtrain import config as abconfig
 from pipeline import common
-from tests.conftest import PARAMS
+from tests.helpers import PARAMS
 
 P = yaml.safe_load(PARAMS.read_text())
 SIZE = 10_000  # training images: no prepared data needed

@@ -19,7 +19,7 @@ import yaml
 from abtrain.config import parse_override
 from pipeline import miniature
 from tests import slurm_cluster
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 needs_slurm = pytest.mark.skipif(
     not slurm_cluster.available(), reason="Debian's slurmctld/slurmd/slurm-client are not installed"

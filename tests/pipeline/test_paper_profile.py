@@ -7,7 +7,7 @@ import yaml
 
 from abtrain import config, methods, schedule, traffic
 from pipeline.common import run_overrides, runs
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 PAPER = yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text())
 IMAGENET, CIFAR10 = 1_281_167, 50_000

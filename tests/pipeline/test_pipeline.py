@@ -17,7 +17,7 @@ from PIL import Image
 from ruamel.yaml import YAML
 
 from pipeline.miniature.run import freeze_paper_scale
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 # dvc on a copy of the repository, every test; the `mini` pipeline trains with torchrun and
 # searches with mpirun

@@ -1,7 +1,7 @@
 """The README's figures are the committed report's."""
 
 from pipeline.report import readme as report_readme
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_the_readme_opening_is_the_reports_headline():

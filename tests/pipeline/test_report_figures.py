@@ -18,7 +18,7 @@ import yaml
 
 from abtrain.config import AB_METHODS, Method
 from pipeline import style
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 # every test reads what the report stage (`python -m pipeline.report`) wrote; one runs dvc
 pytestmark = pytest.mark.pipeline

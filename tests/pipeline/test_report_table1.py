@@ -46,7 +46,7 @@ def test_table1_sets_the_rate_ratio_beside_the_byte_ratio_and_splits_it():
 def test_the_paper_scale_table_sets_predicted_gb_per_s_beside_table_1(monkeypatch):
     """From the committed bench/results/paper_scale.json: one row per AB run of the paper
     profile, its GB/s ratio beside the paper's; parts and ratios read as they should."""
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     monkeypatch.setattr(tables, "PAPER_SCALE", ROOT / "bench/results/paper_scale.json")
     paper = json.loads((ROOT / "pipeline/paper_reference.json").read_text())
@@ -73,7 +73,7 @@ def test_ecr_star_needs_no_run_folder(tmp_path, monkeypatch):
     """The run folders are not committed: on a clone without them the report's ECR* comes
     from the config the train stage resolves, the same as the folder's config.json."""
     from pipeline.common import params
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     monkeypatch.chdir(ROOT)
     p = params()

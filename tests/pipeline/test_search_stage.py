@@ -9,7 +9,7 @@ import yaml
 
 from abtrain.config import ConfigError
 from pipeline import common, search
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 DEFAULT = yaml.safe_load((ROOT / "params.yaml").read_text())
 PAPER = yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text())

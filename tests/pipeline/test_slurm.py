@@ -13,7 +13,7 @@ import pytest
 from pipeline import slurm
 from pipeline.common import Run
 from tests import slurm_cluster
-from tests.conftest import PARAMS, ROOT, TINY, launch, summary
+from tests.helpers import PARAMS, ROOT, TINY, launch, summary
 
 pytestmark = pytest.mark.skipif(
     not slurm_cluster.available(), reason="Debian's slurmctld/slurmd/slurm-client are not installed"

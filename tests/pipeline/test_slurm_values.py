@@ -70,7 +70,7 @@ def test_good_values_make_one_directive_a_line():
 def test_a_bad_value_is_refused_before_any_job_is_queued(tmp_path, capsys):
     """What every rank would refuse (here AB's groups on a world of one node) is said once,
     by the stage, without sbatch: no job waits in a queue to fail."""
-    from tests.conftest import PARAMS, TINY
+    from tests.helpers import PARAMS, TINY
 
     out = tmp_path / "run"
     args = ["train", "--config", str(PARAMS), "--out", str(out)]

@@ -4,7 +4,7 @@ tests/pipeline/test_pipeline.py's."""
 
 import yaml
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def outputs(stage: dict) -> list[tuple[str, dict]]:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from abtrain import config
-from tests.conftest import PARAMS, ROOT, TINY
+from tests.helpers import PARAMS, ROOT, TINY
 
 
 @pytest.mark.pipeline

@@ -12,7 +12,7 @@ from pipeline.report import tables
 from pipeline.report.accuracy import ONE_SEED, accuracy_paragraphs
 from pipeline.report.studies import lengths_section, seeds_section
 from pipeline.report.verdict import lead_text, matching_study, verdict
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 RECORD = {"optim.lr": 0.0012, "ab.sigma_cutoff": 0.39}
 MODEL = {"name": "timm", "arch": "vit_tiny_patch16_224", "kwargs": {}, "init": "default"}

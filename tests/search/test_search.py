@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from search import record, space
 from search.driver import main
 from search.launch import mpirun_command
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 TINY_SEARCH_TRAIN = [
     "method=ab",
