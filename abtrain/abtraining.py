@@ -130,7 +130,7 @@ class ABTraining:
         would skip a phase change and a step back would redo one."""
         self._check_order(step)
         self.step = self.ledger.step = step
-        self.enter(schedule.phase_at(step, self.cfg))
+        self._enter(schedule.phase_at(step, self.cfg))
         return self.ddp
 
     def _check_order(self, step: int) -> None:
@@ -155,7 +155,7 @@ class ABTraining:
         the model, whose factorised layers now compute with W = A·B."""
         self.ledger.step = max(self.ledger.step, self.cfg.steps)
         if self.phase != DONE:
-            self.enter(DONE)
+            self._enter(DONE)
         return self.model
 
     def full_rank_model(self) -> nn.Module:
@@ -231,7 +231,7 @@ class ABTraining:
         return spent
 
     # ---------------------------------------------------------------- phase changes
-    def enter(self, phase: Phase) -> None:
+    def _enter(self, phase: Phase) -> None:
         """Move the model into `phase`'s representation; re-wrap DDP where needed."""
         if phase == self.phase:
             if self.ddp is None:
@@ -239,12 +239,14 @@ class ABTraining:
             return
         prev, self.phase = self.phase, phase
         if prev is not None and prev.low_rank:  # Algorithm 1, lines 18-21
-            t0, self.ledger.phase = process.clock(self.device), "sync"
-            self._sync()
+            t0 = process.clock(self.device)
+            with self.ledger.during("sync"):
+                self._sync()
             self.spent["comm"] += process.clock(self.device) - t0
         if phase.low_rank:  # lines 10-14
-            t0, self.ledger.phase = process.clock(self.device), "factorize"
-            self._factorize()
+            t0 = process.clock(self.device)
+            with self.ledger.during("factorize"):
+                self._factorize()
             self.spent["svd"] += process.clock(self.device) - t0
         if prev is not None:
             lowrank.adapt_optimizer_state(self.optimizer, self.layers, self.cfg.ab.optimizer_state)

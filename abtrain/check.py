@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from abtrain.config import AB_METHODS, ConfigError
+from abtrain.config import ConfigError
 from abtrain.preflight import _label, build_model, check_batch, check_model, model_shape
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def run_check(
     choices, model_notes = check_model(cfg, model)
     notes += model_notes
     print(f"{path}: valid ({cfg.method}, {world_size} ranks)")
-    if cfg.method not in AB_METHODS:
+    if not methods.kind(cfg.method).low_rank:
         notes.append(f"{cfg.method} trains every layer full rank; the layers are as AB's")
     print(survey_line(cfg, choices))
     if layers:

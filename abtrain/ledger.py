@@ -25,6 +25,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,16 @@ class Ledger:
         self.sent_by_phase: dict[str, dict[str, float]] = {}  # the same, by phase
         self.comm_seconds = 0.0  # blocked in abtrain's own collectives
         self._launched = self._finished = 0.0  # last DDP bucket of the step
+
+    @contextmanager
+    def during(self, phase: str) -> Iterator[None]:
+        """Count the collectives made inside under `phase` (a sync, an evaluation, a
+        checkpoint); the phase before comes back after."""
+        before, self.phase = self.phase, phase
+        try:
+            yield
+        finally:
+            self.phase = before
 
     def record(
         self, op: str, payload: int, group: dist.ProcessGroup | None, root: int | None = None

@@ -42,9 +42,16 @@ def factor_shapes(shape: tuple[int, ...] | torch.Size, k: int) -> tuple[tuple[in
     return (max(rows, cols), k), (k, min(rows, cols))
 
 
+def keep_ranks(sigmas: list[Tensor], sigma_cutoff: float) -> Tensor:
+    """For each layer's singular values (descending), how many lie strictly above
+    sigma_cutoff·σ_max (at least 1): one tensor where σ lives, so that a GPU copies the
+    ranks of every layer to the host once, not once per layer."""
+    return torch.stack([(s > sigma_cutoff * s[0]).sum() for s in sigmas]).clamp_(min=1)
+
+
 def keep_rank(sigma: Tensor, sigma_cutoff: float) -> int:
-    """How many singular values lie strictly above sigma_cutoff·σ_max (at least 1)."""
-    return max(1, int((sigma > sigma_cutoff * sigma[0]).sum()))
+    """`keep_ranks` of one layer."""
+    return int(keep_ranks([sigma], sigma_cutoff)[0])
 
 
 def svd(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:

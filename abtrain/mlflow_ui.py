@@ -11,6 +11,8 @@ import json
 import time
 from typing import Any
 
+from abtrain.config import BASELINE
+
 # MLflow 3 opens an experiment without this tag on its GenAI overview (traces, prompts); with
 # it, on the runs table. The UI's own "custom model development" choice writes this value.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
@@ -65,7 +67,7 @@ def headline(summary: dict[str, Any], ddp_bytes_per_step: float | None) -> dict[
         COMPRESSION: round(summary["compression_ratio"], 3),
     }
     own = summary["traffic"]["inter_node_bytes_per_step"]
-    if summary["method"] == "ddp":
+    if summary["method"] == BASELINE:
         ddp_bytes_per_step = own
     if ddp_bytes_per_step:
         figures[BYTES_VS_DDP] = round(own / ddp_bytes_per_step, 3)

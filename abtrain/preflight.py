@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from abtrain.config import AB_METHODS, ConfigError
+from abtrain.config import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -83,10 +83,10 @@ def check_model(cfg: Config, model: nn.Module) -> tuple[list[LayerChoice], list[
     """Survey the config's model as AB would convert it: (lowrank.survey, notes). Under an
     AB method, a model with no layer to factorise is refused (ConfigError), as is a
     pattern of ab.full_rank_layers that names no layer."""
-    from abtrain import lowrank
+    from abtrain import lowrank, methods
 
     notes = [n for n in model_shape(cfg)[2:] if n]
-    ab = cfg.method in AB_METHODS
+    ab = methods.kind(cfg.method).low_rank
     try:
         choices = lowrank.survey(model, cfg.ab.full_rank_layers)
     except ConfigError as err:
@@ -121,7 +121,9 @@ def refuse_model(cfg: Config) -> None:
         raise
     except Exception:
         return
-    if cfg.method in AB_METHODS:
+    from abtrain import methods
+
+    if methods.kind(cfg.method).low_rank:
         check_model(cfg, model)
 
 

@@ -37,9 +37,7 @@ def factorize(
     all of Σ (the authors' "no groups", where every rank trains B).
     """
     svds = [lowrank.svd(layer.weight) for layer in layers.values()]
-    # lowrank.keep_rank for every layer, counted where σ lives: on a GPU one copy to the
-    # host for all layers (the tolist below), not one wait per layer and a copy back
-    ks = torch.stack([(s > sigma_cutoff * s[0]).sum() for _, s, _ in svds]).clamp_(min=1)
+    ks = lowrank.keep_ranks([s for _, s, _ in svds], sigma_cutoff)
     ledger.all_reduce(ks, op=dist.ReduceOp.MAX)
     for layer, (u, s, vh), k in zip(layers.values(), svds, ks.tolist()):
         a, b = lowrank.split(u, s, vh, k, "both" if split_sigma else role)

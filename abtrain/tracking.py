@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from abtrain.config import Config, model_label
+from abtrain.config import BASELINE, Config, model_label
 from abtrain.mlflow_ui import (
     BYTES_VS_DDP,
     EXPERIMENT_KIND,
@@ -568,13 +568,13 @@ class Tracker:
             return
         summary = json.loads(path.read_text())
         point = self._point() if self.lost is None else None
-        ddp = self._ddp_bytes_per_step(point) if point and summary["method"] != "ddp" else None
+        ddp = self._ddp_bytes_per_step(point) if point and summary["method"] != BASELINE else None
         figures = headline(summary, ddp)
         self.metrics(summary["steps"], figures)
         self.flush()
         if self.lost is None:
             self._note(self.run_id, figures)
-        if point and summary["method"] == "ddp":
+        if point and summary["method"] == BASELINE:
             self._give_baseline(point, summary["traffic"]["inter_node_bytes_per_step"])
 
     def _point(self) -> str | None:
@@ -598,7 +598,7 @@ class Tracker:
         try:
             found = self.client.search_runs(
                 [self.experiment_id],
-                f"{point} and tags.method = 'ddp'",
+                f"{point} and tags.method = '{BASELINE}'",
                 order_by=["attributes.start_time DESC"],
                 max_results=1,
             )
@@ -615,7 +615,7 @@ class Tracker:
             return
         try:
             runs = self.client.search_runs(
-                [self.experiment_id], f"{point} and tags.method != 'ddp'", max_results=1000
+                [self.experiment_id], f"{point} and tags.method != '{BASELINE}'", max_results=1000
             )
             for run in runs:
                 metrics = run.data.metrics

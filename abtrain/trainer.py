@@ -268,13 +268,13 @@ class Trainer:
     # ---------------------------------------------------------------- evaluation
     def _evaluate(self) -> dict[str, Any]:
         """Loss, top-1 and top-5 of the one merged model, each rank on its shard."""
-        t0, self.ledger.phase, phase = process.clock(self.device), "eval", self.ledger.phase
+        t0 = process.clock(self.device)
         shard = self.task.val_batches(self.rank, self.world, 4 * self.cfg.batch_size)
-        scores, example = evaluation.evaluate(
-            self.model, shard, self.device, self.cfg.bf16, self.ledger
-        )
+        with self.ledger.during("eval"):
+            scores, example = evaluation.evaluate(
+                self.model, shard, self.device, self.cfg.bf16, self.ledger
+            )
         self.results.example = self.results.example if self.results.example is not None else example
-        self.ledger.phase = phase
         run = self.state
         result = evaluation.record(
             run, scores, self.sampler.global_batch, len(self.task), self.ledger.sent["inter"]
@@ -322,25 +322,26 @@ class Trainer:
 
     # ---------------------------------------------------------------- checkpoints
     def _checkpoint(self) -> None:
-        t0, self.ledger.phase, phase = process.clock(self.device), "checkpoint", self.ledger.phase
-        # One all-reduce tells that every rank has saved, and whether any must stop now;
-        # it is recorded before the snapshot, so a resumed run's ledger has it too.
-        self.ledger.record("all_reduce", 8, None)
-        self.ledger.flush()  # every rank: its tables since the last checkpoint
-        self.train_log.flush()  # rank 0
-        # Ranks that hold one replica write its state once: the world, until the first
-        # factorisation; from then on the A/B group, whose factors' AdamW moments (kept
-        # through full-rank phases for the next AB phase) are its own.
-        writer = ledger.group_ranks(self.ab.replica_group())[0]
-        run_id = self.tracker.run_id or ""
-        step = self.state.step
-        self.checkpointer.save(step, self.model, self.opt, self.state, self.ab, run_id, writer)
-        # 1: asked to stop, to be requeued; 2: the store this run requires is gone
-        why = max(int(self.stops.requested()), 2 * int(self.tracker.must_stop))
-        stop = torch.tensor([why], device=self.device)
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-        if self.rank == 0:
-            self.checkpointer.publish(step)
+        t0 = process.clock(self.device)
+        with self.ledger.during("checkpoint"):
+            # One all-reduce tells that every rank has saved, and whether any must stop now;
+            # it is recorded before the snapshot, so a resumed run's ledger has it too.
+            self.ledger.record("all_reduce", 8, None)
+            self.ledger.flush()  # every rank: its tables since the last checkpoint
+            self.train_log.flush()  # rank 0
+            # Ranks that hold one replica write its state once: the world, until the first
+            # factorisation; from then on the A/B group, whose factors' AdamW moments (kept
+            # through full-rank phases for the next AB phase) are its own.
+            writer = ledger.group_ranks(self.ab.replica_group())[0]
+            run_id = self.tracker.run_id or ""
+            step = self.state.step
+            self.checkpointer.save(step, self.model, self.opt, self.state, self.ab, run_id, writer)
+            # 1: asked to stop, to be requeued; 2: the store this run requires is gone
+            why = max(int(self.stops.requested()), 2 * int(self.tracker.must_stop))
+            stop = torch.tensor([why], device=self.device)
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if self.rank == 0:
+                self.checkpointer.publish(step)
         self.state.add_time(self.ab.phase.kind, "checkpoint", process.clock(self.device) - t0)
         if stop.item() == 2 and step < self.cfg.steps:
             raise tracking.TrackingLost(LOST.format(f"stopped at the checkpoint of step {step}"))
@@ -348,7 +349,6 @@ class Trainer:
             if self.rank == 0:
                 atomic_write_text(self.out / "REQUEUE", f"{step}\n")
             raise StopForRequeue(f"stopped at the checkpoint of step {step} to be requeued")
-        self.ledger.phase = phase
 
     def _resume(self) -> None:
         found = self.checkpointer.resume(self.model, self.opt, self.ab)
