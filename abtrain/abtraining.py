@@ -22,6 +22,7 @@ and the AB variants are this same object, the first two with one full-rank phase
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -145,10 +146,20 @@ class ABTraining:
                 "phase change and a step back redo one"
             )
 
-    def lr_factor(self, step: int) -> float:
-        """The learning-rate rebound at `step`: the ramp from near 0 over
-        `ab.lr_rebound_steps` after each change of representation, else 1."""
-        return schedule.rebound_factor(step, self.cfg)
+    def lr_factor(self, step: int, base: Callable[[int], float] | None = None) -> float:
+        """The learning-rate rebound at `step`, a factor of the loop's own LR: the ramp from
+        near 0 over `ab.lr_rebound_steps` after each change of representation, else 1.
+        Under `ab.lr_rebound: authors` the ramp is set from the schedule's value at the
+        change, so give your schedule, `base` (the LR as a function of the step)."""
+        if self.cfg.ab.lr_rebound == "abtrain":
+            return schedule.rebound_factor(step, self.cfg)
+        if base is None:
+            raise ConfigError(
+                "ab.lr_rebound=authors sets the LR from the schedule's own value at each "
+                "change: call lr_factor(step, base=your_schedule), a function of the step"
+            )
+        lr = base(step)
+        return schedule.rebound_lr(step, self.cfg, base) / lr if lr else 1.0
 
     def finish(self) -> nn.Module:
         """End the run merged and full rank (a sync if it stands in an AB phase); returns

@@ -149,9 +149,13 @@ class ImageData(_Section):
     train_per_class: int = Field(ge=0)  # stratified subset; 0: all
     val_per_class: int = Field(ge=0)
     # ImageNet's ReaL labels (real.json: one list per validation image, in file-number
-    # order): the images without one are left out of validation and the rest scored with
-    # their original labels, as the authors' `use_real` did. None: every image
+    # order): an image without one is left out of validation, the rest scored with their
+    # original labels. None: every image
     real_labels: str | None
+    # which images real.json keeps out: `labelled` the ones it gives no label (the intent);
+    # `authors` the ones at those positions of ImageFolder's class-by-class order, as the
+    # authors' `use_real` deleted them (docs/choices.md). Only with real_labels
+    real_subset: Literal["labelled", "authors"] | None = None
     image_size: int = Field(gt=0)  # training crop; small sizes are cached as tensors
     augment: bool
     workers: int = Field(ge=0)  # decoding processes for images read from files; 0: in-process
@@ -162,6 +166,11 @@ class ImageData(_Section):
             raise ValueError(f"data.source is required for data set {self.name!r}")
         if self.real_labels is not None and self.name != "imagenet":
             raise ValueError(f"data.real_labels is for ImageNet's validation set, not {self.name}")
+        if (self.real_labels is None) != (self.real_subset is None):
+            raise ValueError(
+                "data.real_subset (labelled | authors) goes with data.real_labels, and only "
+                "with it: which of ImageNet's validation images real.json keeps out"
+            )
         return self
 
 
@@ -204,6 +213,11 @@ class OptimConfig(_Section):
     betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field(min_length=2, max_length=2)
     max_grad_norm: float  # <= 0 turns clipping off
     label_smoothing: float = Field(ge=0, lt=1)
+    # abtrain: a linear warm-up from lr/(W+1), then cosine to min_lr. authors: timm's
+    # CosineLRScheduler as the authors' trainer ran it: its first step at the peak lr (the
+    # scheduler is built before their trainer replaces the optimizer's param groups), then
+    # a warm-up from min_lr and the cosine (abtrain.schedule.scheduled_lr)
+    schedule: Literal["abtrain", "authors"]
 
 
 class ABConfig(_Section):
@@ -214,6 +228,9 @@ class ABConfig(_Section):
     # ab_steps + rebound_steps, as the authors' code runs them
     phase_rule: Literal["algorithm1", "authors"]
     lr_rebound_steps: int = Field(ge=0)
+    # abtrain: the scheduled LR times a ramp (i+1)/(N+1) after each change; authors: their
+    # min(scheduled, f·i), f = (the LR at the change - min_lr)/N (abtrain.schedule)
+    lr_rebound: Literal["abtrain", "authors"]
     sigma_cutoff: float = Field(gt=0, lt=1)
     # true: A = UΣ^½, B = Σ^½Vᵀ; false: the trained factor takes Σ (the authors' "no
     # groups" at c3dbc10: A = U, B = ΣVᵀ), which only a method whose ranks all train the
@@ -302,6 +319,9 @@ class Config(MethodConfig):
     optimizer, evaluation, checkpoints and tracking around it."""
 
     batch_size: int = Field(gt=0)  # per rank
+    # the seed of the order the training data is drawn in; None: the run's seed. The
+    # authors' DistributedSampler kept 0 whatever their run's seed (docs/choices.md)
+    data_seed: int | None
     eval_every: int = Field(gt=0)  # steps between evaluations (the per-epoch metrics)
     bf16: bool  # autocast the forward pass to bfloat16
     checkpoint_every: int = Field(ge=0)  # 0: only at the end

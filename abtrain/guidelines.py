@@ -33,6 +33,7 @@ LR_REBOUND_PER_AB_PHASE = 0.5  # learning-rate rebound steps: 0.5 · numABSteps
 
 AB = dict(
     phase_rule="algorithm1",
+    lr_rebound="abtrain",  # the scheduled LR times a ramp (the paper gives its length only)
     sigma_cutoff=0.15,
     split_sigma=True,
     sync_mode="with_stale",

@@ -33,18 +33,32 @@ PREFETCH = 2  # batches each worker builds ahead
 
 # ---------------------------------------------------------------- sampling
 class StepSampler:
-    def __init__(self, n: int, batch_size: int, rank: int, world_size: int, seed: int) -> None:
+    """Which samples step t reads (`indices`, a function of the order's seed and t alone)
+    and the streams of its augmentations (`generator`, `image_generator`: the run's seed).
+    `order_seed` seeds the order apart from the augmentations (the authors kept one data
+    order for every run's seed); None: the run's seed."""
+
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        order_seed: int | None = None,
+    ) -> None:
         self.global_batch = batch_size * world_size
         if self.global_batch > n:
             raise ValueError(
                 f"batch_size·world_size = {self.global_batch} exceeds the {n} training samples"
             )
         self.n, self.batch_size, self.rank, self.seed = n, batch_size, rank, seed
+        self.order_seed = seed if order_seed is None else order_seed
         self.steps_per_epoch = n // self.global_batch
 
     def indices(self, step: int) -> Tensor:
         epoch, i = divmod(step, self.steps_per_epoch)
-        g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        g = torch.Generator().manual_seed(self.order_seed * 100_003 + epoch)
         perm = torch.randperm(self.n, generator=g)
         start = i * self.global_batch + self.rank * self.batch_size
         return perm[start : start + self.batch_size]

@@ -102,8 +102,8 @@ def read_real_labels(path: str) -> list[list[int]]:
 
 
 def real_labelled(members: list[str], labels: list[list[int]], path: str) -> list[bool]:
-    """For each validation file, whether ReaL gives it a label (the authors' `use_real`
-    keeps those, scored with their original label)."""
+    """For each validation file, whether ReaL gives it a label: the images ReaL means to
+    keep (`real_subset: labelled`), each found by its file number."""
     out = []
     for m in members:
         found = _VAL_NUMBER.search(Path(m).name)
@@ -119,6 +119,22 @@ def real_labelled(members: list[str], labels: list[list[int]], path: str) -> lis
             )
         out.append(bool(labels[i]))
     return out
+
+
+def authors_real_keep(ordered: list[str], labels: list[list[int]], path: str) -> list[bool]:
+    """For each validation file in ImageFolder's order (class folders sorted, files sorted
+    in each), whether the authors' `use_real` kept it (`real_subset: authors`): they
+    deleted `samples[p]` for every position p whose real.json entry is empty, p counted in
+    that order, while real.json's entries follow file numbers. So the images kept are as
+    many as ReaL labels, but a different set (on ImageNet 2,945 of 46,837 differ). Only on
+    the whole validation set, where those positions mean anything."""
+    if len(ordered) != len(labels):
+        raise DataError(
+            f"data.real_labels {path} has {len(labels)} entries and the validation set "
+            f"{len(ordered)} images: real_subset=authors keeps images by position, so it "
+            "needs the whole validation set"
+        )
+    return [bool(entry) for entry in labels]
 
 
 PREPARED_BY = "abtrain prepare"  # meta.json's mark of a folder this code wrote
@@ -357,7 +373,7 @@ def _prepare_into(d: ImageData, tmp: Path) -> dict[str, Any]:
             torch.save(dict(x=x.contiguous(), y=y), tmp / f"{split}.pt")
         else:
             real = d.real_labels if split == "val" else None
-            y, members = _select(tree, split, per_class, real)
+            y, members = _select(tree, split, per_class, real, d.real_subset)
             if cached:
                 x = _decode_all(tree, members, d.image_size, split)
                 torch.save(dict(x=x, y=y), tmp / f"{split}.pt")
@@ -377,16 +393,30 @@ def _prepare_into(d: ImageData, tmp: Path) -> dict[str, Any]:
 
 
 def _select(
-    tree: _Tree, split: str, per_class: int, real_labels: str | None = None
+    tree: _Tree,
+    split: str,
+    per_class: int,
+    real_labels: str | None = None,
+    real_subset: str | None = None,
 ) -> tuple[Tensor, list[str]]:
     """The images of `split` (per class: the first `per_class`, 0 all), with their labels;
-    with `real_labels` only those ReaL labels (chosen before the per-class cut)."""
+    with `real_labels` only those ReaL keeps (`real_subset`: those it labels, or the
+    authors' positions), chosen before the per-class cut."""
     members, labels = [], []
-    real = read_real_labels(real_labels) if real_labels else None
+    files_of = {
+        cls: [f for f in tree.splits[split][cls] if Path(f).suffix.lower() in IMAGE_SUFFIXES]
+        for cls in tree.classes
+    }
+    keep: dict[str, bool] | None = None
+    if real_labels:
+        real = read_real_labels(real_labels)
+        ordered = [f for cls in tree.classes for f in files_of[cls]]  # ImageFolder's order
+        rule = authors_real_keep if real_subset == "authors" else real_labelled
+        keep = dict(zip(ordered, rule(ordered, real, real_labels)))
     for c, cls in enumerate(tree.classes):
-        files = [f for f in tree.splits[split][cls] if Path(f).suffix.lower() in IMAGE_SUFFIXES]
-        if real is not None:
-            files = [f for f, keep in zip(files, real_labelled(files, real, real_labels)) if keep]
+        files = files_of[cls]
+        if keep is not None:
+            files = [f for f in files if keep[f]]
         files = files[:per_class] if per_class else files
         members += files
         labels += [c] * len(files)

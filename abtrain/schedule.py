@@ -7,10 +7,11 @@ steps and `rebound_steps` full-rank steps until `steps`. Others are full-rank th
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from abtrain import methods
-from abtrain.config import Config
+from abtrain.config import Config, MethodConfig
 
 PHASE_IDS = {"full": 0, "warmup": 1, "ab": 2, "rebound": 3}
 
@@ -25,11 +26,11 @@ class Phase:
         return self.kind == "ab"
 
 
-def phase_at(step: int, cfg: Config) -> Phase:
+def phase_at(step: int, cfg: MethodConfig) -> Phase:
     return _phase_and_start(step, cfg)[0]
 
 
-def _phase_and_start(step: int, cfg: Config) -> tuple[Phase, int]:
+def _phase_and_start(step: int, cfg: MethodConfig) -> tuple[Phase, int]:
     """The phase of `step` and the step it began at.
 
     `algorithm1` (the paper's): cycles of `ab_steps` AB then `rebound_steps` full-rank steps
@@ -66,7 +67,7 @@ def _phase_and_start(step: int, cfg: Config) -> tuple[Phase, int]:
     return Phase("ab", cycle + 1), start + ab.rebound_steps
 
 
-def phases(cfg: Config) -> list[tuple[int, Phase]]:
+def phases(cfg: MethodConfig) -> list[tuple[int, Phase]]:
     """(first step, phase) of every phase of the run, in order."""
     out: list[tuple[int, Phase]] = []
     for step in range(cfg.steps):
@@ -76,7 +77,7 @@ def phases(cfg: Config) -> list[tuple[int, Phase]]:
     return out
 
 
-def last_change(step: int, cfg: Config) -> int | None:
+def last_change(step: int, cfg: MethodConfig) -> int | None:
     """The latest step <= `step` at which the representation changed (None: not yet)."""
     if not methods.kind(cfg.method).low_rank or step < cfg.ab.warmup_steps:
         return None
@@ -84,24 +85,52 @@ def last_change(step: int, cfg: Config) -> int | None:
 
 
 def scheduled_lr(step: int, cfg: Config) -> float:
-    """Linear warm-up to `lr`, then cosine down to `min_lr` at the last step."""
+    """`optim.schedule` at `step`. abtrain: a linear warm-up to `lr` from lr/(W+1), then
+    cosine down to `min_lr` at the last step. authors: timm's CosineLRScheduler as the
+    authors' trainer ran it (warm-up from min_lr over W steps, cosine over the steps after
+    it, stepped once per update), whose first step runs at the peak `lr`: their trainer
+    replaces the optimizer's param groups after the scheduler wrote the warm-up's first LR
+    into them, and the scheduler sets the next one only after that step."""
     o = cfg.optim
-    if step < o.lr_warmup_steps:
-        return o.lr * (step + 1) / (o.lr_warmup_steps + 1)
-    progress = (step - o.lr_warmup_steps) / max(1, cfg.steps - 1 - o.lr_warmup_steps)
+    w = o.lr_warmup_steps
+    if o.schedule == "authors":
+        if step == 0:
+            return o.lr
+        if step < w:
+            return o.min_lr + step * (o.lr - o.min_lr) / w
+        progress = (step - w) / max(1, cfg.steps - w)
+    else:
+        if step < w:
+            return o.lr * (step + 1) / (w + 1)
+        progress = (step - w) / max(1, cfg.steps - 1 - w)
     return o.min_lr + (o.lr - o.min_lr) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def rebound_factor(step: int, cfg: Config) -> float:
-    """The LR rebound: a ramp from near 0 over `lr_rebound_steps` after each change of
-    representation (1 elsewhere)."""
+AUTHORS_REBOUND_FLOOR = 1e-5  # the LR the authors' rebound sets at a change (hard-coded there)
+
+
+def rebound_lr(step: int, cfg: MethodConfig, base: Callable[[int], float]) -> float:
+    """The LR at `step` under the rebound after each change of representation, `base` the
+    schedule (a function of the step). abtrain (`ab.lr_rebound`): `base` times a ramp
+    (i+1)/(N+1) over the N = `lr_rebound_steps` steps i = 0.. after the change. authors:
+    their min(base, f·i) for i = 1..N from the change's step, f = (base at the change -
+    1e-5)/N, the first step at min(1e-5, f): the ramp sets the LR itself, toward the
+    schedule's value at the change, and the schedule only caps it."""
     start, n = last_change(step, cfg), cfg.ab.lr_rebound_steps
-    if start is not None and step - start < n:
-        return (step - start + 1) / (n + 1)
-    return 1.0
+    if start is None or step - start >= n:
+        return base(step)
+    if cfg.ab.lr_rebound == "abtrain":  # (the factor first: the same float as ever)
+        return base(step) * ((step - start + 1) / (n + 1))
+    i, f = step - start + 1, (base(start) - AUTHORS_REBOUND_FLOOR) / n
+    return min(AUTHORS_REBOUND_FLOOR, f) if i == 1 else min(base(step), f * i)
+
+
+def rebound_factor(step: int, cfg: MethodConfig) -> float:
+    """abtrain's rebound as a factor of the schedule: a ramp from near 0 over
+    `lr_rebound_steps` after each change of representation (1 elsewhere)."""
+    return rebound_lr(step, cfg, lambda _: 1.0)
 
 
 def lr_at(step: int, cfg: Config) -> float:
-    """The scheduled LR times the rebound: the ramp multiplies the schedule, which keeps
-    advancing underneath it."""
-    return scheduled_lr(step, cfg) * rebound_factor(step, cfg)
+    """The LR of `step`: the schedule, and the rebound over it (`rebound_lr`)."""
+    return rebound_lr(step, cfg, lambda t: scheduled_lr(t, cfg))

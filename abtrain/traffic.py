@@ -268,6 +268,22 @@ def buffer_broadcast(cfg: Config, nodes: int, ranks_per_node: int, classes: int)
     return dict(bytes=s.buffers, inter_bytes_per_step=total / p.total_steps)
 
 
+def authors_w_allreduce(cfg: Config, nodes: int, ranks_per_node: int, classes: int) -> dict:
+    """What the authors' code at c3dbc10 sent at each sync and abtrain does not: a misspelt
+    parameter name (`full_rank_sync_name`) left its list of layers synced as usual empty,
+    which put every parameter in the always-averaged list, so each sync also all-reduced
+    every factorised layer's frozen W, whose average the merge then overwrote (W = A·B).
+    Fixed at c23240c. Returns the bytes of W and the inter-node bytes per rank of that one
+    extra all-reduce per sync, and how many syncs the run has."""
+    s, n = sizes(cfg, classes), nodes * ranks_per_node
+    syncs = len({p.cycle for t in range(cfg.steps) if (p := schedule.phase_at(t, cfg)).low_rank})
+    return dict(
+        bytes=s.weights,
+        inter_bytes_per_sync=ring_inter(s.weights, nodes, n),
+        syncs=syncs,
+    )
+
+
 def _learned_sync(cfg: Config, s: Sizes, nodes: int, ranks_per_node: int) -> float:
     """Mean inter-node bytes per rank of an `only_learned` sync: each factor averaged over
     the ranks that trained it, then broadcast to every rank from the first of them; the

@@ -69,7 +69,9 @@ class Trainer:
         self.backend, self.device = process.start(cfg, launch)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.task = make_task(cfg)
-        self.sampler = StepSampler(len(self.task), cfg.batch_size, self.rank, self.world, cfg.seed)
+        self.sampler = StepSampler(
+            len(self.task), cfg.batch_size, self.rank, self.world, cfg.seed, cfg.data_seed
+        )
         self.model = models.build(cfg, self.task.classes, self.task.features).to(self.device)
         self.opt = torch.optim.AdamW(
             self.model.parameters(),
@@ -193,7 +195,7 @@ class Trainer:
     ) -> None:
         cfg, run, kind = self.cfg, self.state, self.ab.phase.kind
         process.fail_if_asked(self.rank, run.step, self.resumed)
-        lr = schedule.scheduled_lr(run.step, cfg) * self.ab.lr_factor(run.step)
+        lr = schedule.lr_at(run.step, cfg)
         for g in self.opt.param_groups:
             g["lr"] = lr
         t0 = time.perf_counter()
@@ -271,9 +273,7 @@ class Trainer:
         t0 = process.clock(self.device)
         shard = self.task.val_batches(self.rank, self.world, 4 * self.cfg.batch_size)
         with self.ledger.during("eval"):
-            scores, example = evaluation.evaluate(
-                self.model, shard, self.device, self.cfg.bf16, self.ledger
-            )
+            scores, example = evaluation.evaluate(self.model, shard, self.device, self.ledger)
         self.results.example = self.results.example if self.results.example is not None else example
         run = self.state
         result = evaluation.record(

@@ -7,16 +7,16 @@ compression and its traffic over length.
     python -m bench.lengths --report-only   # rebuild reports/lengths from runs/lengths
     python -m bench.lengths --render        # redraw page, figure, verdict from lengths.json
 
-Each run is the matrix's run of its method on 2 nodes x 2 ranks (`experiments.runs`, made
-into overrides by pipeline.common with `experiments.epochs` set to the length: its steps,
-the schedule's fractions of them, the search's best values, the run's own `set`), at
-`seed=S`, evaluated EVALUATIONS times, tracking off; launched as the pipeline launches it.
-A run folder holding a summary.json is read, not trained again; one without is resumed
-from its last checkpoint (the launcher's own resume). A run whose folder is gone but whose
-row the committed lengths.json holds (made with the same model, shape and evaluations) is
-taken from there: run folders stay on the machine that trained them, so a clone adds a
-method or a seed by training only those runs. Seeds go seed by seed within a
-length, shortest length first, so a study cut short has whole ddp/method pairs.
+A study on bench.study's skeleton (plan, estimate, resume, ETA, record, figure, page). Each
+run is the matrix's run of its method on 2 nodes x 2 ranks (`experiments.runs`, made into
+overrides by pipeline.common with `experiments.epochs` set to the length: its steps, the
+schedule's fractions of them, the search's best values, the run's own `set`), at `seed=S`,
+evaluated EVALUATIONS times, tracking off; launched as the pipeline launches it. A run
+whose folder is gone but whose row the committed lengths.json holds (made with the same
+model, shape and evaluations) is taken from there: run folders stay on the machine that
+trained them, so a clone adds a method or a seed by training only those runs. Seeds go
+seed by seed within a length, shortest length first, so a study cut short has whole
+ddp/method pairs.
 
 Writes reports/lengths/lengths.json (every run's figures and the summary), README.md and
 lengths.png; the report's verdict takes its sentence (`verdict`) from lengths.json.
@@ -24,21 +24,20 @@ lengths.png; the report's verdict takes its sentence (`verdict`) from lengths.js
 
 from __future__ import annotations
 
-import argparse
 import copy
 import csv
 import json
 import statistics
-import subprocess
-import sys
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from abtrain.files import atomic_write_text, read_record
-from abtrain.progress import duration
+from abtrain.files import read_record
+from bench import study
 from bench.network import step_times
-from pipeline.common import stage
+from bench.study import Run
+from pipeline.common import parser, stage
+from pipeline.report.markdown import DASH, pm, table
 
 # 1 to 16 epochs spans the 16x the question needs; with the four methods it fits ~2.1 h of 2
 # cores (2 to 32 epochs would take ~5 h).
@@ -49,7 +48,7 @@ SHAPE = (2, 2)  # nodes x ranks per node, the matrix's main scale
 EVALUATIONS = 8  # per run: enough points for the time to a target
 RUNS_DIR = Path("runs/lengths")
 OUT = Path("reports/lengths")
-LAUNCH_SECONDS = 15.0  # start-up and rendezvous a run adds to its training (estimates)
+LAUNCH_SECONDS = study.LAUNCH_SECONDS
 RATES = ("50mbit", "200mbit", "1gbit", None)  # bench.network's links, for the time to target
 
 
@@ -62,9 +61,10 @@ def plan(
     methods: tuple[str, ...],
     runs_dir: Path,
     shape: tuple[int, int] = SHAPE,
-) -> list[dict[str, Any]]:
-    """Every run of the study, in the order it trains: {epochs, seed, method, name, out,
-    sets, run}; each the profile's run of its method at `shape` (nodes, ranks per node)."""
+) -> list[Run]:
+    """Every run of the study, in the order it trains, each the profile's run of its
+    method at `shape` (nodes, ranks per node); run["epochs"], ["seed"], ["method"] and
+    ["matrix"] (its run of experiments.runs)."""
     from pipeline.common import run_of, run_overrides
 
     out = []
@@ -74,24 +74,25 @@ def plan(
         for seed in range(p["train"]["seed"], p["train"]["seed"] + count):
             for method in methods:
                 run = run_of(p, method, *shape)
-                sets = run_overrides(q, run, best) + [f"seed={seed}", "tracking.enabled=false"]
-                folder = runs_dir / f"e{epochs}" / f"{run.name}-s{seed}"
                 out.append(
-                    dict(epochs=epochs, seed=seed, method=method, name=run.name, out=folder)
-                    | dict(sets=sets, run=run)
+                    Run(
+                        name=f"{run.name} at {epochs} epochs, seed {seed}",
+                        folder=runs_dir / f"e{epochs}" / f"{run.name}-s{seed}",
+                        sets=run_overrides(q, run, best)
+                        + [f"seed={seed}", "tracking.enabled=false"],
+                        nodes=run.nodes,
+                        ranks_per_node=run.ranks_per_node,
+                        info=dict(epochs=epochs, seed=seed, method=method, matrix=run),
+                    )
                 )
     return out
 
 
-def estimate(p: dict[str, Any], runs: list[dict[str, Any]], results: Path) -> list[float]:
+def estimate(p: dict[str, Any], runs: list[Run], results: Path) -> list[float]:
     """Each run's seconds, before it runs: its matrix run's committed training time
     (results/NAME.json) scaled by the length, plus start-up."""
     base = p["experiments"]["epochs"]
-    out = []
-    for r in runs:
-        wall = read_record(results / f"{r['name']}.json", ("wall_seconds",))["wall_seconds"]
-        out.append(LAUNCH_SECONDS + wall * r["epochs"] / base)
-    return out
+    return [study.matrix_seconds(r["matrix"].name, results, r["epochs"] / base) for r in runs]
 
 
 def recorded(out: Path, p: dict[str, Any], shape: tuple[int, int]) -> dict[tuple, dict]:
@@ -107,45 +108,9 @@ def recorded(out: Path, p: dict[str, Any], shape: tuple[int, int]) -> dict[tuple
     return {key(r): r for r in data["runs"]}
 
 
-def key(r: dict[str, Any]) -> tuple[int, int, str]:
+def key(r: Run | dict[str, Any]) -> tuple[int, int, str]:
     """A run of the study, in the plan or as a row."""
     return r["epochs"], r["seed"], r["method"]
-
-
-def progress(k: int, n: int, r: dict[str, Any], elapsed: float, predicted: list[float]) -> str:
-    """`run 3 of 30: ab-2x2 at 8 epochs, seed 1; elapsed 4m10s, ETA 1h05m`: the runs left
-    as predicted, scaled by how the finished ones compared with their prediction."""
-    done = sum(predicted[: k - 1])
-    scale = elapsed / done if done and elapsed else 1.0
-    eta = duration(sum(predicted[k - 1 :]) * scale)
-    return (
-        f"[bench.lengths] run {k} of {n}: {r['name']} at {r['epochs']} epochs, seed {r['seed']}; "
-        f"elapsed {duration(elapsed)}, ETA {eta}"
-    )
-
-
-def train(
-    runs: list[dict[str, Any]], predicted: list[float], rows: dict[tuple, dict] | None = None
-) -> None:
-    """Train every run of the plan not finished in its folder nor recorded in `rows`."""
-    from bench.seeds import command
-
-    t0, trained = time.monotonic(), 0.0
-    for k, r in enumerate(runs, 1):
-        folder_done = (r["out"] / "summary.json").exists()
-        if folder_done or key(r) in (rows or {}):
-            where = r["out"] if folder_done else "lengths.json"
-            print(
-                f"[bench.lengths] run {k} of {len(runs)}: finished, read from {where}", flush=True
-            )
-            predicted[k - 1] = 0.0  # no time of this session
-            continue
-        print(progress(k, len(runs), r, trained, predicted), flush=True)
-        r["out"].parent.mkdir(parents=True, exist_ok=True)
-        start = time.monotonic()
-        subprocess.run(command(r["run"], r["sets"], r["out"]), check=True)
-        trained += time.monotonic() - start
-    print(f"[bench.lengths] trained for {duration(time.monotonic() - t0)}", flush=True)
 
 
 # ---------------------------------------------------------------- what the runs give
@@ -163,14 +128,12 @@ def kept_fraction(out: Path) -> list[tuple[int, float]]:
     return [(step, k / f) for step, (k, f) in sorted(by.items())]
 
 
-def collect(
-    runs: list[dict[str, Any]], recorded_rows: dict[tuple, dict] | None = None
-) -> list[dict]:
+def collect(runs: list[Run], recorded_rows: dict[tuple, dict] | None = None) -> list[dict]:
     """One row per finished run: its figures, curve, step times and compression over steps;
     from its folder, or else as `recorded_rows` has it (the committed study's row)."""
     rows = []
     for r in runs:
-        path = r["out"] / "summary.json"
+        path = r.folder / "summary.json"
         if not path.exists():
             if key(r) in (recorded_rows or {}):
                 rows.append(recorded_rows[key(r)])
@@ -181,10 +144,10 @@ def collect(
                 epochs=r["epochs"],
                 seed=r["seed"],
                 method=r["method"],
-                name=r["name"],
-                nodes=r["run"].nodes,
-                ranks_per_node=r["run"].ranks_per_node,
-                folder=str(r["out"]),
+                name=r["matrix"].name,
+                nodes=r.nodes,
+                ranks_per_node=r.ranks_per_node,
+                folder=str(r.folder),
                 steps=s["steps"],
                 best_top1=s["val_top1"]["best"],
                 final_top1=s["val_top1"]["final"],
@@ -193,13 +156,13 @@ def collect(
                 compression_over_steps=[
                     (f["step"], f["compression_ratio"]) for f in s.get("factorizations", [])
                 ],
-                kept_fraction_over_steps=kept_fraction(r["out"]),
+                kept_fraction_over_steps=kept_fraction(r.folder),
                 wall_seconds=s["wall_seconds"],
                 evals=[
                     dict(step=e["step"], seconds=e["seconds"], val_top1=e["val_top1"])
                     for e in s["evals"]
                 ],
-                step_seconds=step_times(r["out"]),  # bench.network's measure
+                step_seconds=step_times(r.folder),  # bench.network's measure
             )
         )
     return rows
@@ -245,12 +208,10 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def time_to_target(
-    rows: list[dict[str, Any]], epochs: int, runs: list[dict[str, Any]]
-) -> dict | None:
+def time_to_target(rows: list[dict[str, Any]], epochs: int, runs: list[Run]) -> dict | None:
     """At `epochs` (first seed's runs): the target, the lowest best top-1 smoothed as
     bench.rates smooths it, and each method's predicted seconds to it over each of the
-    benchmark's links (abtrain.plan.ToTarget, the project's one time model; these runs
+    benchmark's links (abtrain.timing.ToTarget, the project's one time model; these runs
     ran over loopback, the unshaped link)."""
     from abtrain import config as abconfig
     from abtrain.timing import ToTarget
@@ -316,10 +277,6 @@ def trend(summary: list[dict[str, Any]]) -> dict[str, Any] | None:
     else:
         word = "widens"
     return dict(short=short, long=long, word=word, change=change, noise=noise)
-
-
-def pm(d: dict[str, Any]) -> str:
-    return f"{d['mean']:+.2f} ± {d['sd']:.2f}" if d["sd"] is not None else f"{d['mean']:+.2f}"
 
 
 def verdict(summary: list[dict[str, Any]]) -> str:
@@ -425,6 +382,21 @@ def figure(data: dict[str, Any], path: Path) -> None:
 
 
 def markdown(data: dict[str, Any]) -> str:
+    rows = [
+        [
+            s["epochs"],
+            s["steps"],
+            m,
+            len(x["seeds"]),
+            pm(x["best_top1"]).lstrip("+"),
+            pm(x["diff_top1"]) if x["diff_top1"] and m != "ddp" else DASH,
+            f"{x['bytes_vs_ddp']:.3f}",
+            f"{x['compression_ratio']:.2f}:1",
+            f"{x['kept_fraction']:.0%}" if x["kept_fraction"] is not None else DASH,
+        ]
+        for s in data["summary"]
+        for m, x in s["methods"].items()
+    ]
     lines = [
         "# AB against DDP and PowerSGD over training length",
         "",
@@ -437,33 +409,29 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "![Δ top-1, compression, bytes and time to target over length](lengths.png)",
         "",
-        "| epochs | steps | method | seeds | best top-1 (%) | Δ vs DDP (points) | bytes / DDP's | compression | kept rank |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *table(
+            ["epochs", "steps", "method", "seeds", "best top-1 (%)", "Δ vs DDP (points)"]
+            + ["bytes / DDP's", "compression", "kept rank"],
+            rows,
+        ),
     ]
-    for s in data["summary"]:
-        for m, x in s["methods"].items():
-            lines.append(
-                f"| {s['epochs']} | {s['steps']} | {m} | {len(x['seeds'])} | "
-                f"{pm(x['best_top1']).lstrip('+')} | "
-                + (pm(x["diff_top1"]) if x["diff_top1"] and m != "ddp" else "—")
-                + f" | {x['bytes_vs_ddp']:.3f} | {x['compression_ratio']:.2f}:1 | "
-                + (f"{x['kept_fraction']:.0%}" if x["kept_fraction"] is not None else "—")
-                + " |"
-            )
     tt = data.get("time_to_target")
     if tt:
+        links = [r or "unshaped" for r in RATES]
         lines += [
             "",
             f"Time to {tt['target_top1']:.2f}% top-1 at {tt['epochs']} epochs (seed "
-            f"{tt['seed']}), predicted by the time model (`abtrain.plan.ToTarget`) over the "
+            f"{tt['seed']}), predicted by the time model (`abtrain.timing.ToTarget`) over the "
             "network benchmark's links, seconds:",
             "",
-            "| method | " + " | ".join(r or "unshaped" for r in RATES) + " |",
-            "|---" * (len(RATES) + 1) + "|",
+            *table(
+                ["method", *links],
+                (
+                    [m, *(f"{by[x]:.0f}" if by[x] else DASH for x in links)]
+                    for m, by in tt["seconds"].items()
+                ),
+            ),
         ]
-        for m, by in tt["seconds"].items():
-            cells = [f"{by[r or 'unshaped']:.0f}" if by[r or "unshaped"] else "—" for r in RATES]
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
         if tt.get("left_out"):
             lines += [
                 "",
@@ -488,75 +456,85 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write(data: dict[str, Any], out: Path) -> None:
-    """lengths.json, the figure and the page, each written whole."""
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "lengths.json", json.dumps(data, indent=2) + "\n")
-    figure(data, out / "lengths.png")
-    atomic_write_text(out / "README.md", markdown(data))
+# ---------------------------------------------------------------- the study
+@dataclass
+class Lengths(study.Study):
+    """The study on the skeleton: its runs, the rows the committed record already holds,
+    and its record, sentence, figure and page."""
 
+    name, record, keys = "lengths", "lengths.json", ("runs",)
+    figure_file = "lengths.png"
+    basis = "the matrix's run times x length"
 
-def render(out: Path) -> dict:
-    """The page, figure and verdict again from a committed lengths.json, whose rows hold
-    every figure they need: run folders stay on the machine that trained them."""
-    data = read_record(out / "lengths.json", ("runs",))
-    data["summary"] = summarize(data["runs"])
-    data["verdict"] = verdict(data["summary"])
-    write(data, out)
-    return data
+    p: dict[str, Any] = field(default_factory=dict)  # params.yaml
+    lengths: tuple[int, ...] = LENGTHS
+    seeds: tuple[int, ...] = SEEDS
+    methods: tuple[str, ...] = METHODS
+    runs_dir: Path = RUNS_DIR
+    shape: tuple[int, int] = SHAPE
 
+    def __post_init__(self) -> None:
+        self.rows = recorded(self.out, self.p, self.shape)  # the committed study's, by key
 
-def report(
-    p: dict[str, Any],
-    runs: list[dict[str, Any]],
-    out: Path,
-    command: str,
-    runs_dir: Path,
-    shape: tuple[int, int] = SHAPE,
-    recorded_rows: dict[tuple, dict] | None = None,
-) -> dict:
-    rows = collect(runs, recorded_rows)
-    summary = summarize(rows)
-    longest = max((r["epochs"] for r in rows), default=None)
-    tt = None
-    if longest:
-        timed, left = timed_together(
-            [r for r in rows if r["epochs"] == longest], recorded_rows or {}
+    def plan(self) -> list[Run]:
+        from pipeline.common import best_config
+
+        runs = plan(
+            self.p, best_config(self.p), self.lengths, self.seeds, self.methods,
+            self.runs_dir, self.shape,
+        )  # fmt: skip
+        for r, seconds in zip(runs, estimate(self.p, runs, Path("results"))):
+            r.seconds = seconds
+        return runs
+
+    def found(self, run: Run) -> str | None:
+        return super().found(run) or ("lengths.json" if key(run) in self.rows else None)
+
+    def aggregate(self, runs: list[Run]) -> dict[str, Any]:
+        rows = collect(runs, self.rows)
+        longest = max((r["epochs"] for r in rows), default=None)
+        tt = None
+        if longest:
+            timed, left = timed_together([r for r in rows if r["epochs"] == longest], self.rows)
+            tt = time_to_target(timed, longest, runs)
+            if tt and left:
+                tt["left_out"] = left
+        return dict(
+            generated=study.stamp(),
+            command=self.command,
+            runs_dir=str(self.runs_dir),
+            shape=list(self.shape),
+            model=self.p["train"]["model"],  # the report names a study of another model apart
+            evaluations=EVALUATIONS,
+            summary=summarize(rows),
+            time_to_target=tt,
+            runs=rows,
         )
-        tt = time_to_target(timed, longest, runs)
-        if tt and left:
-            tt["left_out"] = left
-    data = dict(
-        generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        command=command,
-        runs_dir=str(runs_dir),
-        shape=list(shape),
-        model=p["train"]["model"],  # the report names a study of another model apart
-        evaluations=EVALUATIONS,
-        summary=summary,
-        time_to_target=tt,
-        runs=rows,
-    )
-    data["verdict"] = verdict(summary)
-    write(data, out)
-    return data
+
+    def refresh(self, data: dict[str, Any]) -> dict[str, Any]:
+        # the time to target needs the runs' configs: it stays as the record has it
+        data["summary"] = summarize(data["runs"])
+        return data
+
+    def sentence(self, data: dict[str, Any]) -> str:
+        return verdict(data["summary"])
+
+    def figure(self, data: dict[str, Any], path: Path) -> None:
+        figure(data, path)  # the module's
+
+    def page(self, data: dict[str, Any]) -> str:
+        return markdown(data)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.lengths", description=__doc__.split("\n")[0])
+    ap = parser("bench.lengths", __doc__)
     ap.add_argument("--epochs", type=int, nargs="+", default=list(LENGTHS))
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="per length")
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
     ap.add_argument(
         "--shape", default="x".join(map(str, SHAPE)), help="nodes x ranks per node of every run"
     )
-    ap.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
-    ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--dry-run", action="store_true", help="list the runs and their time")
-    ap.add_argument("--report-only", action="store_true", help="read run folders, train none")
-    ap.add_argument(
-        "--render", action="store_true", help="redraw from OUT/lengths.json; no run folders"
-    )
+    study.options(ap, RUNS_DIR, OUT)
     a = ap.parse_args(argv)
     if len(a.seeds) != len(a.epochs) or a.methods[0] != "ddp":
         ap.error("give one seed count per length, and ddp first (the baseline)")
@@ -564,39 +542,13 @@ def main(argv: list[str] | None = None) -> int:
         nodes, per_node = (int(x) for x in a.shape.split("x"))
     except ValueError:
         ap.error(f"--shape {a.shape}: give nodes x ranks per node, e.g. 2x2")
-    shape = (nodes, per_node)
     from pipeline.common import params
-    from pipeline.train import best_config
 
-    p = params()
-    if a.render:
-        print(render(a.out)["verdict"])
-        return 0
-    lengths, seeds, methods = tuple(a.epochs), tuple(a.seeds), tuple(a.methods)
-    runs = plan(p, best_config(p), lengths, seeds, methods, a.runs_dir, shape)
-    rows = recorded(a.out, p, shape)
-    predicted = estimate(p, runs, Path("results"))
-    left = [
-        s
-        for r, s in zip(runs, predicted)
-        if not (r["out"] / "summary.json").exists() and key(r) not in rows
-    ]
-    print(
-        f"[bench.lengths] {len(runs)} runs ({len(runs) - len(left)} finished); the rest "
-        f"about {duration(sum(left))} on this machine (the matrix's run times x length)",
-        flush=True,
-    )
-    if a.dry_run:
-        for r, s in zip(runs, predicted):
-            print(f"  {r['name']:<10} {r['epochs']:>3} epochs  seed {r['seed']}  ~{duration(s)}")
-        return 0
-    if not a.report_only:
-        train(runs, predicted, rows)
-    shown = [x for x in (sys.argv[1:] if argv is None else argv) if x != "--report-only"]
-    command = " ".join([".venv/bin/python -m bench.lengths", *shown])
-    data = report(p, runs, a.out, command, a.runs_dir, shape, rows)
-    print(data["verdict"])
-    return 0
+    lengths = Lengths(
+        a.out, study.shown("bench.lengths", argv), params(), tuple(a.epochs), tuple(a.seeds),
+        tuple(a.methods), a.runs_dir, (nodes, per_node),
+    )  # fmt: skip
+    return study.conduct(lengths, a)
 
 
 if __name__ == "__main__":

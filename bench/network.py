@@ -34,8 +34,9 @@ from typing import Any
 from abtrain import config as abconfig
 from abtrain.files import atomic_write_text, read_record
 from abtrain.progress import duration
+from bench import study
 from bench.cluster import Cluster, tbf_burst
-from pipeline.common import BENCHMARK_SETS, last_of_each_key, matrix_sets, stage
+from pipeline.common import BENCHMARK_SETS, last_of_each_key, matrix_sets, parser, stage
 
 RESULTS = Path("bench/results")
 WORK = Path("runs/bench")
@@ -167,17 +168,15 @@ def progress_line(
     predicted: list[float] | None = None,
 ) -> str:
     """`[bench.network] run 3 of 8 started: ab at 200mbit; elapsed 4m10s, ETA 9m45s` and, with
-    its result, `... finished: ab at 200mbit in 111 s, best top-1 31.15%; ...`. The ETA: the
-    runs left as `predicted` (each run's predicted seconds, `estimate`) has them, scaled by
-    how the finished ones compared with it; without it, the finished runs' mean per run
-    (a poor measure: a slow link's run takes several times a fast one's)."""
+    its result, `... finished: ab at 200mbit in 111 s, best top-1 31.15%; ...`. The ETA is
+    the studies' (bench.study.eta): the runs left as `predicted` (each run's predicted
+    seconds, `estimate`) has them, scaled by how the finished ones compared with it;
+    without it, the finished runs' mean per run (a poor measure: a slow link's run takes
+    several times a fast one's)."""
     where = f"{method} at {rate or 'unshaped'}"
     finished = k if result else k - 1
-    if finished and predicted:
-        left = sum(predicted[finished:]) * elapsed / max(1e-9, sum(predicted[:finished]))
-        eta = duration(left)
-    else:
-        eta = f"{duration(elapsed / finished * (n - finished))}" if finished else "?"
+    times: list[float | None] = list(predicted) if predicted else [None] * n
+    eta = study.eta(elapsed, times[:finished], times[finished:])
     if result is None:
         return f"[bench.network] run {k} of {n} started: {where}; elapsed {duration(elapsed)}, ETA {eta}"
     return (
@@ -251,11 +250,7 @@ def estimate(runs: list[tuple[int, int, str | None, str]], a: argparse.Namespace
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.network",
-        description="Every method on the same model, data and seed over shaped links; "
-        "time to a common accuracy at each rate (bench.rates).",
-    )
+    p = parser("bench.network", __doc__)
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--ranks-per-node", type=int, default=2)
     p.add_argument(

@@ -31,7 +31,6 @@ methods' measured order is not the model's (`contradicted_by`; drawn hollow).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -44,7 +43,7 @@ from abtrain import config as abconfig
 from abtrain.files import atomic_write_text, read_record
 from abtrain.timing import MODEL_ERROR, ToTarget
 from bench.paper_scale import measured_mean, rate_bytes_per_s
-from pipeline.common import stage
+from pipeline.common import parser, stage
 
 RESULTS = Path("bench/results")
 BASE_SHAPE = (2, 2)  # its per-rate files keep the plain name network-<rate>.json
@@ -215,7 +214,7 @@ def _cfg(params: dict, bench: dict, method: str) -> abconfig.Config:
 
 
 def time_model(params: dict, bench: dict, free: dict, method: str, target_step: float) -> ToTarget:
-    """One method's time to target at one shape, for any link (abtrain.plan.ToTarget)."""
+    """One method's time to target at one shape, for any link (abtrain.timing.ToTarget)."""
     classes = bench.get("classes") or CLASSES  # None: written where data wasn't prepared
     cfg = _cfg(params, bench, method)
     return ToTarget(cfg, bench["nodes"], bench["ranks_per_node"], classes, free, target_step)
@@ -570,11 +569,7 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.rates",
-        description="Time to accuracy over link rates, measured (bench.network's per-rate "
-        "files) and predicted by the planner's time model; no training.",
-    )
+    p = parser("bench.rates", __doc__)
     p.add_argument("--config", type=Path, default=Path("params.yaml"))
     p.add_argument(
         "--results", type=Path, default=RESULTS, help="where the network-*.json files are"

@@ -1,34 +1,38 @@
 """What a rerun of the search moves: the Propulate search rerun as the pipeline runs it, and
 the ddp/ab pair of the matrix trained from each rerun's best.
 
+    python -m bench.search_reruns --dry-run        # the searches and runs, their time
     python -m bench.search_reruns                  # 3 reruns, ddp-2x2 and ab-2x2 from each
     python -m bench.search_reruns --report-only    # rebuild reports/search-reruns
+    python -m bench.search_reruns --render         # the README again from reruns.json
 
 Propulate's individuals arrive asynchronously and its median pruning sees whatever has
 finished, so two searches with the same settings and seed can pick different
 configurations. The pipeline therefore trains from a committed record of one search
-(results/search/BACKEND); this study measures what another search would have given. Each
-rerun is `search.backend`'s search with params.yaml's settings on `search.ranks` MPI ranks
-(`pipeline.search.run_mpirun`), in runs/search-reruns/rN/search, then each run of `--runs`
-with that best, as `dvc repro` trains it (`pipeline.common.run_overrides`) plus
-`tracking.enabled=false`, in runs/search-reruns/rN/NAME. The pipeline's own search and its
-runs (results/) are the first row. A folder that finished is read, not rerun. Writes
+(results/search/BACKEND); this study measures what another search would have given. A
+study on bench.study's skeleton: each rerun is `search.backend`'s search with params.yaml's
+settings on `search.ranks` MPI ranks (`pipeline.search.run_mpirun`), in
+runs/search-reruns/rN/search, then each run of `--runs` with that best, as `dvc repro`
+trains it (`pipeline.common.run_overrides`) plus `tracking.enabled=false`, in
+runs/search-reruns/rN/NAME. The pipeline's own search and its runs (results/) are the first
+row. A search or run that finished is read, not rerun. Writes
 reports/search-reruns/reruns.json and README.md, every figure of the README from the JSON.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
-import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from abtrain.files import atomic_write_text, read_record
+from abtrain.files import read_record, read_record_rows
+from bench import study
 from bench.seeds import spread  # n, mean, min, max, range, std (n − 1)
-from pipeline.common import stage
+from bench.study import Run
+from pipeline.common import parser, stage
+from pipeline.report.markdown import fmt, table
 
 RUNS = ("ddp-2x2", "ab-2x2")  # the baseline first
 RUNS_DIR = Path("runs/search-reruns")
@@ -36,32 +40,62 @@ OUT = Path("reports/search-reruns")
 SEEDS = Path("reports/seeds-best-ab/seeds.json")  # the same pair over seeds, for scale
 
 
-def search(p: dict[str, Any], folder: Path) -> dict[str, Any]:
-    from pipeline.search import run_mpirun
+# ---------------------------------------------------------------- the plan
+def plan(p: dict[str, Any], names: tuple[str, ...], reruns: int, runs_dir: Path) -> list[Run]:
+    """Search by search, each followed by the runs trained from its best: a study cut
+    short keeps whole rows. Estimates: the committed search's and runs' own times."""
+    from pipeline.common import SEARCHES, run_overrides, runs
 
-    if not (folder / "best.json").exists():
-        args = ["--backend", p["search"]["backend"], "--out", str(folder.resolve())]
-        print(f"search in {folder}", flush=True)
+    matrix, backend = runs(p), p["search"]["backend"]
+    evaluations = SEARCHES / backend / "evaluations.jsonl"
+    searched = (
+        study.LAUNCH_SECONDS + max(r.get("t_end", 0.0) for r in read_record_rows(evaluations))
+        if evaluations.exists()
+        else None
+    )
+
+    def search(run: Run) -> None:
+        from pipeline.search import run_mpirun
+
+        args = ["--backend", backend, "--out", str(run.folder.resolve())]
         if run_mpirun(int(p["search"]["ranks"]), args):
-            raise SystemExit(f"the search in {folder} failed (its output is above)")
-    return json.loads((folder / "best.json").read_text())
+            raise SystemExit(f"the search in {run.folder} failed (its output is above)")
+
+    def from_best(name: str, found: Path) -> Callable[[Run], None]:
+        def launch(run: Run) -> None:  # its overrides are known once the search has run
+            best = read_record(found / "best.json", ("params",))
+            run.sets = run_overrides(p, matrix[name], best) + ["tracking.enabled=false"]
+            study.start(run)
+
+        return launch
+
+    out = []
+    for i in range(1, reruns + 1):
+        folder = runs_dir / f"r{i}"
+        out.append(
+            Run(
+                name=f"r{i}'s {backend} search",
+                folder=folder / "search",
+                seconds=searched,
+                done="best.json",  # what a search leaves when it has finished
+                launch=search,
+            )
+        )
+        for name in names:
+            out.append(
+                Run(
+                    name=f"{name} from r{i}'s best",
+                    folder=folder / name,
+                    nodes=matrix[name].nodes,
+                    ranks_per_node=matrix[name].ranks_per_node,
+                    seconds=study.matrix_seconds(name),
+                    launch=from_best(name, folder / "search"),
+                )
+            )
+    return out
 
 
-def train(p: dict[str, Any], names: tuple[str, ...], best: dict[str, Any], folder: Path) -> None:
-    from bench.seeds import command
-    from pipeline.common import run_overrides, runs
-
-    matrix = runs(p)
-    for name in names:
-        out = folder / name
-        if (out / "summary.json").exists():
-            continue
-        sets = run_overrides(p, matrix[name], best) + ["tracking.enabled=false"]
-        args = command(matrix[name], sets, out)
-        print(" ".join(args), flush=True)
-        subprocess.run(args, check=True)
-
-
+# ---------------------------------------------------------------- what the runs give
 def row(label: str, best: dict[str, Any], summaries: dict[str, dict[str, Any]]) -> dict:
     base, other = (summaries[n] for n in summaries)
     top1 = {n: s["val_top1"]["best"] for n, s in summaries.items()}
@@ -101,6 +135,16 @@ def collect(names: tuple[str, ...], reruns: int, runs_dir: Path) -> list[dict[st
     return rows
 
 
+def spreads(rows: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each figure's spread over the searches."""
+    return {
+        "best error (%)": spread([r["best_error"] for r in rows]),
+        "top1 gap (points)": spread([r["top1_gap"] for r in rows]),
+        "bytes ratio": spread([r["bytes_ratio"] for r in rows]),
+        **{f"{n} top-1 (%)": spread([r["top1_best"][n] for r in rows]) for n in names},
+    }
+
+
 def seed_spread(path: Path) -> dict[str, Any] | None:
     """The matching seed study's spread of the same gap (same pair, the pipeline's best)."""
     if not path.exists():
@@ -110,9 +154,14 @@ def seed_spread(path: Path) -> dict[str, Any] | None:
     return dict(study=str(path.parent), of=d["of"], **spread(gaps)) if len(gaps) > 1 else None
 
 
+# ---------------------------------------------------------------- the sentence and the page
 def markdown(data: dict[str, Any]) -> str:
     rows, names = data["rows"], data["runs"]
     keys = sorted({k for r in rows for k in r["params"]})
+
+    def value(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
     lines = [
         f"# What a rerun of the search moves: {data['backend']}, {len(rows)} searches",
         "",
@@ -122,36 +171,28 @@ def markdown(data: dict[str, Any]) -> str:
         f"From each best, {' and '.join(f'`{n}`' for n in names)} trained as the pipeline "
         "trains them. Figures: `reruns.json`.",
         "",
-        "| search | best error (%) | "
-        + " | ".join(f"`{k}`" for k in keys)
-        + " | "
-        + " | ".join(f"{n} top-1" for n in names)
-        + " | top-1 gap | bytes ratio |",
-        "|---" * (len(keys) + len(names) + 4) + "|",
-    ]
-    for r in rows:
-        vals = [r["params"].get(k) for k in keys]
-        cells = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in vals]
-        lines.append(
-            f"| {r['search']} | {r['best_error']:.2f} | "
-            + " | ".join(cells)
-            + " | "
-            + " | ".join(f"{r['top1_best'][n]:.2f}" for n in names)
-            + f" | {r['top1_gap']:+.2f} | {r['bytes_ratio']:.3f} |"
-        )
-    s = data["spread"]
-    lines += [
+        *table(
+            ["search", "best error (%)", *(f"`{k}`" for k in keys)]
+            + [*(f"{n} top-1" for n in names), "top-1 gap", "bytes ratio"],
+            (
+                [r["search"], f"{r['best_error']:.2f}", *(value(r["params"].get(k)) for k in keys)]
+                + [f"{r['top1_best'][n]:.2f}" for n in names]
+                + [f"{r['top1_gap']:+.2f}", f"{r['bytes_ratio']:.3f}"]
+                for r in rows
+            ),
+        ),
         "",
         "Spread over the searches (sd: sample standard deviation):",
         "",
-        "| figure | n | mean | sd | min | max |",
-        "|---|---|---|---|---|---|",
+        *table(
+            ["figure", "n", "mean", "sd", "min", "max"],
+            (
+                [label, sp["n"], f"{sp['mean']:.3f}", fmt(sp["std"], ".3f")]
+                + [f"{sp['min']:.3f}", f"{sp['max']:.3f}"]
+                for label, sp in data["spread"].items()
+            ),
+        ),
     ]
-    for label, sp in s.items():
-        sd = f"{sp['std']:.3f}" if sp["std"] is not None else "—"
-        lines.append(
-            f"| {label} | {sp['n']} | {sp['mean']:.3f} | {sd} | {sp['min']:.3f} | {sp['max']:.3f} |"
-        )
     seeds = data["seed_spread"]
     if seeds:
         lines += [
@@ -187,56 +228,65 @@ def verdict(data: dict[str, Any]) -> str:
     return text
 
 
-def report(names: tuple[str, ...], reruns: int, runs_dir: Path, out: Path, cmd: str) -> dict:
-    from pipeline.common import params
+# ---------------------------------------------------------------- the study
+@dataclass
+class Reruns(study.Study):
+    """The study on the skeleton: searches and the runs from their bests, a record and a
+    page (no figure: the tables are the study)."""
 
-    rows = collect(names, reruns, runs_dir)
-    if not rows:
-        raise SystemExit("no finished search with its runs: nothing to report")
-    data: dict[str, Any] = dict(
-        generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        command=cmd,
-        backend=params()["search"]["backend"],
-        model=params()["train"]["model"],  # the report names reruns of another model apart
-        runs=list(names),
-        runs_dir=str(runs_dir),
-        rows=rows,
-        spread={
-            "best error (%)": spread([r["best_error"] for r in rows]),
-            "top1 gap (points)": spread([r["top1_gap"] for r in rows]),
-            "bytes ratio": spread([r["bytes_ratio"] for r in rows]),
-            **{f"{n} top-1 (%)": spread([r["top1_best"][n] for r in rows]) for n in names},
-        },
-        seed_spread=seed_spread(SEEDS),
-    )
-    data["verdict"] = verdict(data)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "reruns.json", json.dumps(data, indent=2) + "\n")
-    atomic_write_text(out / "README.md", markdown(data))
-    return data
+    name, record, keys = "search_reruns", "reruns.json", ("rows", "runs", "seed_spread")
+    basis = "the committed search's and runs' times"
+
+    names: tuple[str, ...] = RUNS
+    reruns: int = 3
+    runs_dir: Path = RUNS_DIR
+
+    def plan(self) -> list[Run]:
+        from pipeline.common import params
+
+        return plan(params(), self.names, self.reruns, self.runs_dir)
+
+    def aggregate(self, runs: list[Run]) -> dict[str, Any]:
+        """From the plan's folders and the pipeline's own record (`collect` finds them)."""
+        from pipeline.common import params
+
+        rows = collect(self.names, self.reruns, self.runs_dir)
+        if not rows:
+            raise SystemExit("no finished search with its runs: nothing to report")
+        return dict(
+            generated=study.stamp(),
+            command=self.command,
+            backend=params()["search"]["backend"],
+            model=params()["train"]["model"],  # the report names reruns of another model apart
+            runs=list(self.names),
+            runs_dir=str(self.runs_dir),
+            rows=rows,
+            spread=spreads(rows, list(self.names)),
+            seed_spread=seed_spread(SEEDS),
+        )
+
+    def refresh(self, data: dict[str, Any]) -> dict[str, Any]:
+        # the seed study's spread stays as it was when the record was made
+        data["spread"] = spreads(data["rows"], data["runs"])
+        return data
+
+    def sentence(self, data: dict[str, Any]) -> str:
+        return verdict(data)
+
+    def page(self, data: dict[str, Any]) -> str:
+        return markdown(data)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.search_reruns", description=__doc__)
+    ap = parser("bench.search_reruns", __doc__)
     ap.add_argument("--reruns", type=int, default=3, help="searches besides the pipeline's")
     ap.add_argument("--runs", nargs=2, default=list(RUNS), metavar=("BASELINE", "OTHER"))
-    ap.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
-    ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--report-only", action="store_true", help="read folders, run nothing")
+    study.options(ap, RUNS_DIR, OUT)
     a = ap.parse_args(argv)
-    from pipeline.common import params
-
-    names = tuple(a.runs)
-    shown = [x for x in (sys.argv[1:] if argv is None else argv) if x != "--report-only"]
-    cmd = " ".join([".venv/bin/python -m bench.search_reruns", *shown])
-    if not a.report_only:
-        p = params()
-        for i in range(1, a.reruns + 1):  # search by search: a cut-short study keeps whole rows
-            folder = a.runs_dir / f"r{i}"
-            train(p, names, search(p, folder / "search"), folder)
-    data = report(names, a.reruns, a.runs_dir, a.out, cmd)
-    print(json.dumps(data["spread"], indent=2))
-    return 0
+    reruns = Reruns(
+        a.out, study.shown("bench.search_reruns", argv), tuple(a.runs), a.reruns, a.runs_dir
+    )
+    return study.conduct(reruns, a)
 
 
 if __name__ == "__main__":

@@ -1,78 +1,44 @@
 """Seed spread: the default profile's ddp and ab runs at several seeds, so a reader can tell
 which top-1 differences of the report are noise.
 
+    python -m bench.seeds --dry-run             # the runs and their estimated time
     python -m bench.seeds                       # seeds 0 1 2, ddp-2x2 and ab-2x2
     python -m bench.seeds --report-only         # rebuild reports/seeds from runs/seeds
+    python -m bench.seeds --render              # the README again from reports/seeds/seeds.json
     python -m bench.seeds --search-best --runs ddp-2x2 abps-2x2 \
         --runs-dir runs/seeds-best --out reports/seeds-best-abps   # as the pipeline trains
 
-Each run is `experiments.runs.NAME` of params.yaml made into overrides by
+A study on bench.study's skeleton (plan, estimate, resume, ETA, record, page). Each run is
+`experiments.runs.NAME` of params.yaml made into overrides by
 `pipeline.common.run_overrides(p, run, best)`: by default *without* the hyperparameter
 search's best values (best=None); with `--search-best`, with them, as the committed
 report's runs are trained. Plus `seed=S`, `tracking.enabled=false` and any `--set`,
 launched as `python -m abtrain.launch --nnodes N --nproc-per-node R train --config
-params.yaml --set ... --out runs/seeds/NAME-sS`. A run
-folder that already holds a summary.json is read, not rerun. Writes
-`reports/seeds/seeds.json` and `reports/seeds/README.md` (atomically), every figure of the
-README from the JSON.
+params.yaml --set ... --out runs/seeds/NAME-sS`. A run folder that already holds a
+summary.json is read, not rerun. Writes `reports/seeds/seeds.json` and
+`reports/seeds/README.md` (atomically), every figure of the README from the JSON.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import statistics
-import subprocess
-import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from abtrain.files import atomic_write_text
-from pipeline.common import stage
+from abtrain import config as abconfig
+from bench import study
+from bench.study import Run
+from pipeline.common import parser, stage
+from pipeline.report.markdown import fmt, table
 
 RUNS = ("ddp-2x2", "ab-2x2")  # the baseline first
 SEEDS = (0, 1, 2)
 RUNS_DIR = Path("runs/seeds")
 OUT = Path("reports/seeds")
 HEADLINE = Path("reports/table2_compression.csv")  # the committed report's Δ top-1 vs ddp
-
-
-def command(run: Any, sets: list[str], out: Path) -> list[str]:
-    args = [sys.executable, "-m", "abtrain.launch", "--nnodes", str(run.nodes)]
-    args += ["--nproc-per-node", str(run.ranks_per_node), "train", "--config", "params.yaml"]
-    for s in sets:
-        args += ["--set", s]
-    return [*args, "--out", str(out)]
-
-
-def train(
-    names: tuple[str, ...],
-    seeds: tuple[int, ...],
-    runs_dir: Path,
-    extra: list[str],
-    search_best: bool = False,
-) -> None:
-    from pipeline.common import best_config, params, run_overrides, runs
-
-    p = params()
-    matrix = runs(p)
-    best = best_config(p) if search_best else None
-    for seed in seeds:  # seed by seed: a cut-short session still has whole pairs
-        for name in names:
-            out = runs_dir / f"{name}-s{seed}"
-            if (out / "summary.json").exists():
-                print(f"{out}: done, reading it", flush=True)
-                continue
-            run = matrix[name]
-            sets = run_overrides(p, run, best) + [f"seed={seed}", "tracking.enabled=false"]
-            sets += extra
-            args = command(run, sets, out)
-            print(" ".join(args), flush=True)
-            t0 = time.monotonic()
-            subprocess.run(args, check=True)
-            (out / "launch_seconds.txt").write_text(f"{time.monotonic() - t0:.3f}\n")
 
 
 def collect(names: tuple[str, ...], seeds: tuple[int, ...], runs_dir: Path) -> dict[str, Any]:
@@ -167,40 +133,42 @@ def markdown(data: dict[str, Any]) -> str:
         f"{data['steps'][base]} steps, 4 ranks as 2 nodes. Run folders: `{data['runs_dir']}`; "
         "figures: `seeds.json`.",
         "",
-        "| run | seed | best top-1 (%) | final top-1 (%) | inter-node MB per rank | wall (s) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, rows in runs.items():
-        for seed, r in sorted(rows.items(), key=lambda kv: int(kv[0])):
-            lines.append(
-                f"| {name} | {seed} | {r['best_top1']:.2f} | {r['final_top1']:.2f} | "
-                f"{r['inter_node_bytes_per_rank'] / 1e6:.1f} | {r['wall_seconds']:.0f} |"
-            )
-    lines += [
+        *table(
+            ["run", "seed", "best top-1 (%)", "final top-1 (%)", "inter-node MB per rank"]
+            + ["wall (s)"],
+            (
+                [name, seed, f"{r['best_top1']:.2f}", f"{r['final_top1']:.2f}"]
+                + [f"{r['inter_node_bytes_per_rank'] / 1e6:.1f}", f"{r['wall_seconds']:.0f}"]
+                for name, rows in runs.items()
+                for seed, r in sorted(rows.items(), key=lambda kv: int(kv[0]))
+            ),
+        ),
         "",
         "Best top-1 per run over the seeds (std: sample standard deviation, n − 1):",
         "",
-        "| run | seeds | mean | min | max | range | std |",
-        "|---|---|---|---|---|---|---|",
+        *table(
+            ["run", "seeds", "mean", "min", "max", "range", "std"],
+            (
+                [name, b["n"], *(f"{b[k]:.2f}" for k in ("mean", "min", "max", "range"))]
+                + [fmt(b["std"])]
+                for name, b in ((name, m["best_top1"]) for name, m in s["methods"].items())
+            ),
+        ),
+        "",
+        f"{d['of']}, best top-1 (percentage points) per seed:",
+        "",
     ]
-    for name, m in s["methods"].items():
-        b = m["best_top1"]
-        std = f"{b['std']:.2f}" if b["std"] is not None else "—"
-        lines.append(
-            f"| {name} | {b['n']} | {b['mean']:.2f} | {b['min']:.2f} | {b['max']:.2f} | "
-            f"{b['range']:.2f} | {std} |"
-        )
-    lines += ["", f"{d['of']}, best top-1 (percentage points) per seed:", ""]
-    lines += ["| seed | " + " | ".join(d["per_seed"]) + " | mean | min | max | std |"]
-    lines += ["|---" * (len(d["per_seed"]) + 5) + "|"]
     sp = d["spread"]
-    if sp:
-        std = f"{sp['std']:.2f}" if sp["std"] is not None else "—"
-        lines.append(
-            "| Δ | "
-            + " | ".join(f"{v:+.2f}" for v in d["per_seed"].values())
-            + f" | {sp['mean']:+.2f} | {sp['min']:+.2f} | {sp['max']:+.2f} | {std} |"
-        )
+    lines += table(
+        ["seed", *d["per_seed"], "mean", "min", "max", "std"],
+        [
+            ["Δ", *(f"{v:+.2f}" for v in d["per_seed"].values())]
+            + [f"{sp[k]:+.2f}" for k in ("mean", "min", "max")]
+            + [fmt(sp["std"])]
+        ]
+        if sp
+        else [],
+    )
     lines += [
         "",
         data["verdict"],
@@ -254,6 +222,84 @@ def verdict(summary: dict[str, Any], head: float | None, base: str, other: str) 
     return text + "The inter-node bytes do not depend on the seed (identical at every seed above)."
 
 
+# ---------------------------------------------------------------- the study
+@dataclass
+class Seeds(study.Study):
+    """The study on the skeleton: the pair at each seed, its record and page (no figure:
+    the page's tables are the study)."""
+
+    name, record, keys = "seeds", "seeds.json", ("runs", "baseline", "compared")
+    basis = "the matrix's committed run times"
+
+    names: tuple[str, ...] = RUNS
+    seeds: tuple[int, ...] = SEEDS
+    runs_dir: Path = RUNS_DIR
+    extra: tuple[str, ...] | list[str] = ()
+    search_best: bool = False
+
+    def plan(self) -> list[Run]:
+        """Each run of `names` at each seed, seed by seed: a cut-short study has whole pairs."""
+        from pipeline.common import best_config, params, run_overrides, runs
+
+        p = params()
+        best, matrix = best_config(p) if self.search_best else None, runs(p)
+        missing = [n for n in self.names if n not in matrix]
+        if missing:
+            raise abconfig.ConfigError(f"experiments.runs has no run {missing[0]}")
+        return [
+            Run(
+                name=f"{name} at seed {seed}",
+                folder=self.runs_dir / f"{name}-s{seed}",
+                sets=run_overrides(p, matrix[name], best)
+                + [f"seed={seed}", "tracking.enabled=false", *self.extra],
+                nodes=matrix[name].nodes,
+                ranks_per_node=matrix[name].ranks_per_node,
+                seconds=study.matrix_seconds(name),
+            )
+            for seed in self.seeds
+            for name in self.names
+        ]
+
+    def aggregate(self, runs: list[Run]) -> dict[str, Any]:
+        """From the plan's folders (`collect` finds them by name and seed)."""
+        from pipeline.common import best_config, params
+
+        names = self.names
+        found = collect(names, self.seeds, self.runs_dir)
+        # which search result trained them: a study of another record is another configuration
+        best = best_config(params()) if self.search_best else None
+        # the committed run is trained with the search's values and without extra overrides:
+        # a study without those is another configuration, its gap not the same quantity
+        head = headline(HEADLINE, names[1]) if self.search_best and not self.extra else None
+        return dict(
+            generated=study.stamp(),
+            command=self.command,
+            runs_dir=str(self.runs_dir),
+            baseline=names[0],
+            compared=names[1],
+            seeds=list(self.seeds),
+            search_best_values=self.search_best,
+            search_best=best["params"] if best else None,
+            overrides_extra=["seed=S", "tracking.enabled=false", *self.extra],
+            model=params()["train"]["model"],  # the report names a study of another model apart
+            steps={n: next(iter(r.values()))["steps"] for n, r in found.items()},
+            headline_diff_top1=head,
+            runs=found,
+            summary=summarize(found, names[0], names[1]),
+        )
+
+    def refresh(self, data: dict[str, Any]) -> dict[str, Any]:
+        data["summary"] = summarize(data["runs"], data["baseline"], data["compared"])
+        return data
+
+    def sentence(self, data: dict[str, Any]) -> str:
+        head = data.get("headline_diff_top1")
+        return verdict(data["summary"], head, data["baseline"], data["compared"])
+
+    def page(self, data: dict[str, Any]) -> str:
+        return markdown(data)
+
+
 def report(
     names: tuple[str, ...],
     seeds: tuple[int, ...],
@@ -263,61 +309,27 @@ def report(
     search_best: bool = False,
     extra: tuple[str, ...] | list[str] = (),
 ) -> dict[str, Any]:
-    from pipeline.common import best_config, params
-
-    found = collect(names, seeds, runs_dir)
-    summary = summarize(found, names[0], names[1])
-    # which search result trained them: a study of another record is another configuration
-    best = best_config(params()) if search_best else None
-    # the committed run is trained with the search's values and without extra overrides: a
-    # study without those is another configuration, its gap not the same quantity
-    head = headline(HEADLINE, names[1]) if search_best and not extra else None
-    data = dict(
-        generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        command=cmd,
-        runs_dir=str(runs_dir),
-        baseline=names[0],
-        compared=names[1],
-        seeds=list(seeds),
-        search_best_values=search_best,
-        search_best=best["params"] if best else None,
-        overrides_extra=["seed=S", "tracking.enabled=false", *extra],
-        model=params()["train"]["model"],  # the report names a study of another model apart
-        steps={n: next(iter(r.values()))["steps"] for n, r in found.items()},
-        headline_diff_top1=head,
-        runs=found,
-        summary=summary,
-    )
-    data["verdict"] = verdict(summary, head, names[0], names[1])
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "seeds.json", json.dumps(data, indent=2) + "\n")
-    atomic_write_text(out / "README.md", markdown(data))
-    return data
+    """The record and page of the runs finished in `runs_dir`; trains nothing."""
+    return study.report(Seeds(out, cmd, names, seeds, runs_dir, extra, search_best), [])
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.seeds", description=__doc__.split("\n")[0])
+    ap = parser("bench.seeds", __doc__)
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     ap.add_argument("--runs", nargs=2, default=list(RUNS), metavar=("BASELINE", "OTHER"))
-    ap.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
-    ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--set", action="append", default=[], help="further train overrides")
-    ap.add_argument("--report-only", action="store_true", help="read run folders, train none")
     ap.add_argument(
         "--search-best",
         action="store_true",
         help="train with the search's best values, as the pipeline does (results/search/*/best.json)",
     )
+    study.options(ap, RUNS_DIR, OUT)
     a = ap.parse_args(argv)
-    names, seeds = tuple(a.runs), tuple(a.seeds)
-    # the command the README names: the one that trained (--report-only only re-reads)
-    shown = [x for x in (sys.argv[1:] if argv is None else argv) if x != "--report-only"]
-    cmd = " ".join([".venv/bin/python -m bench.seeds", *shown])
-    if not a.report_only:
-        train(names, seeds, a.runs_dir, a.set, a.search_best)
-    data = report(names, seeds, a.runs_dir, a.out, cmd, a.search_best, a.set)
-    print(json.dumps(data["summary"], indent=2))
-    return 0
+    seeds = Seeds(
+        a.out, study.shown("bench.seeds", argv), tuple(a.runs), tuple(a.seeds), a.runs_dir,
+        a.set, a.search_best,
+    )  # fmt: skip
+    return study.conduct(seeds, a)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,19 @@
-"""Table 2 at CPU scale: the runs of scripts/table2.sh as one JSON and one figure.
+"""Table 2 at CPU scale: the runs of scripts/table2.sh, trained, and their JSON, figure and
+tables.
 
-    python -m bench.table2 --runs runs/table2 --out reports/table2
+    python -m bench.table2 --dry-run                # the five runs and their time
+    python -m bench.table2                          # train what is missing, then report
+    python -m bench.table2 --runs runs/table2 --report-only   # from the run folders
+    python -m bench.table2 --render                 # tables.md and the figure from table2.json
 
-Reads each run folder's summary.json and config.json (VGG16 in timm's layout, AB and DDP,
-and the mini-ViT, AB) and writes `table2.json` (top-1, Δ top-1 against the DDP run of the
-same model, compression full:current over the whole model at every factorisation, and per
-layer: shape, rank, W and A+B counts, from the last factorisation) and `table2.png`
-(compression vs step for each AB run, validation top-1 vs step for every run).
+A study on bench.study's skeleton (plan, estimate, resume, ETA, record, figure, page): VGG16
+in timm's layout, AB and DDP, and the mini-ViT, AB, each on 2 nodes x 1 rank with
+profiles/table2.yaml, as scripts/table2.sh launches them. Reads each run folder's
+summary.json and config.json and writes `table2.json` (top-1, Δ top-1 against the DDP run
+of the same model, compression full:current over the whole model at every factorisation,
+and per layer: shape, rank, W and A+B counts, from the last factorisation), `table2.png`
+(compression vs step for each AB run, validation top-1 vs step for every run) and
+`tables.md` (the tables reports/table2/README.md quotes).
 
 The per-layer counts are recomputed from the model's layer shapes and the ranks in the
 summary, and the whole-model ratio from them is checked against the summary's own.
@@ -14,16 +21,19 @@ summary, and the whole-model ratio from them is checked against the summary's ow
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from abtrain.files import atomic_write_text
+from abtrain.files import read_record
 from abtrain.models import label
-from pipeline.common import stage
+from bench import study
+from bench.study import Run
+from pipeline.common import parser, stage
+from pipeline.report import markdown as md
 
 RUNS = ("vgg16-ddp", "vgg16-ab", "vit-ab")  # the baseline of a model is its ddp run
 # a supplementary run: VGG16 AB with the weight decay raised so that AdamW's cumulative
@@ -46,6 +56,36 @@ PAPER = {
 }
 PAPER["lr_sum"] = PAPER["lr"] * (1000 / 2 + 14000 / 2)
 PAPER["decay_factor"] = math.exp(-PAPER["weight_decay"] * PAPER["lr_sum"])
+
+CONFIG = "profiles/table2.yaml"
+SHAPE = (2, 1)  # nodes x ranks per node
+RUNS_DIR = Path("runs/table2")
+OUT = Path("reports/table2")
+# the default mini-ViT of params.yaml: timm's VisionTransformer, width 192
+VIT = (
+    "model={name: python, factory: timm.models.vision_transformer:VisionTransformer, kwargs: "
+    "{img_size: 32, patch_size: 8, embed_dim: 192, depth: 6, num_heads: 6, mlp_ratio: 4.0, "
+    "qkv_bias: false, drop_path_rate: 0.0}, init: ortho_sigma}"
+)
+# each run's overrides of the profile, in the order scripts/table2.sh trains them; the
+# supplementary pair packs AdamW's cumulative decay of the paper's 15,000 steps into 1,500
+SETS = {
+    "vgg16-ab": ["method=ab"],
+    "vgg16-ddp": ["method=ddp"],
+    "vit-ab": ["method=ab", VIT],
+    "vgg16-ab-wd": ["method=ab", "optim.weight_decay=3.6"],
+    "vgg16-ddp-wd": ["method=ddp", "optim.weight_decay=3.6"],
+}
+
+
+def plan(runs_dir: Path, committed: dict[str, Any]) -> list[Run]:
+    """The five runs; each one's estimate: its committed run's time (table2.json), if any."""
+    out = []
+    for name, sets in SETS.items():
+        took = committed.get(name, {}).get("wall_seconds")
+        seconds = study.LAUNCH_SECONDS + took if took is not None else None
+        out.append(Run(name, runs_dir / name, sets, *SHAPE, config=CONFIG, seconds=seconds))
+    return out
 
 
 def layer_shapes(cfg: dict[str, Any]) -> tuple[dict[str, list[int]], int]:
@@ -304,30 +344,37 @@ def figure(data: dict[str, Any], path: Path) -> None:
 
 def markdown(data: dict[str, Any]) -> str:
     """The report's tables, from the JSON (reports/table2/README.md quotes them)."""
-    runs = data["runs"]
-    out = [
-        "| model | method | steps x global batch, peak lr, weight decay | val top-1 best / final | "
-        "Δ top-1 vs DDP (best / final) | compression full:current | wall |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, r in runs.items():
-        d = (
+    runs, p = data["runs"], data["paper_vgg16"]
+    rows = [
+        [
+            r["model"],
+            f"{r['method']} (`{name}`)",
+            f"{r['steps']} x {r['global_batch']}, lr {r['lr']:g}, wd {r['weight_decay']:g}",
+            f"{r['val_top1_best']:.2f}% / {r['val_top1_final']:.2f}%",
             f"{r['delta_top1_best']:+.2f} / {r['delta_top1_final']:+.2f} pts"
             if r["delta_top1_best"] is not None and r["method"] != "ddp"
-            else "—"
-        )
-        out.append(
-            f"| {r['model']} | {r['method']} (`{name}`) | {r['steps']} x {r['global_batch']}, "
-            f"lr {r['lr']:g}, wd {r['weight_decay']:g} | "
-            f"{r['val_top1_best']:.2f}% / {r['val_top1_final']:.2f}% | {d} | "
-            f"{r['compression_ratio']:.2f}:1 ({r['params_full']:,} / {r['params_current']:,}) "
-            f"| {r['wall_seconds'] / 60:.1f} min |"
-        )
-    p = data["paper_vgg16"]
-    out.append(
-        f"| paper: VGG16 (timm, width 64) | AB | {p['steps']} x {p['global_batch']}, "
-        f"lr {p['lr']:g}, wd {p['weight_decay']:g} | "
-        f"{p['max_top1']}% (max) | {p['delta_top1']:+.2f}% | {p['compression_ratio']}:1 | — |"
+            else md.DASH,
+            f"{r['compression_ratio']:.2f}:1 ({r['params_full']:,} / {r['params_current']:,})",
+            f"{r['wall_seconds'] / 60:.1f} min",
+        ]
+        for name, r in runs.items()
+    ]
+    rows.append(
+        [
+            "paper: VGG16 (timm, width 64)",
+            "AB",
+            f"{p['steps']} x {p['global_batch']}, lr {p['lr']:g}, wd {p['weight_decay']:g}",
+            f"{p['max_top1']}% (max)",
+            f"{p['delta_top1']:+.2f}%",
+            f"{p['compression_ratio']}:1",
+            md.DASH,
+        ]
+    )
+    out = md.table(
+        ["model", "method", "steps x global batch, peak lr, weight decay"]
+        + ["val top-1 best / final", "Δ top-1 vs DDP (best / final)"]
+        + ["compression full:current", "wall"],
+        rows,
     )
     out += ["", "Compression at each factorisation (step: ratio, ranks min-max):", ""]
     for name, r in runs.items():
@@ -346,46 +393,77 @@ def markdown(data: dict[str, Any]) -> str:
             " or full; the rank the cutoff would keep on the final weights, and their median"
             " and smallest σ/σ_max):",
             "",
-            "| layer | weight shape | matrix | rank (full) | W params | A+B params | W:(A+B) "
-            "| rank at end | σ median / min |",
-            "|---|---|---|---|---|---|---|---|---|",
+            *md.table(
+                ["layer", "weight shape", "matrix", "rank (full)", "W params", "A+B params"]
+                + ["W:(A+B)", "rank at end", "σ median / min"],
+                (layer_row(row) for row in r["layers"]),
+            ),
         ]
-        for row in r["layers"]:
-            k = row["rank"] if row["rank"] is not None else "full"
-            end = (
-                f"{row['rank_at_end']} | {row['sigma_median_rel_at_end']:.3f} / "
-                f"{row['sigma_min_rel_at_end']:.3f}"
-                if "rank_at_end" in row
-                else "— | —"
-            )
-            out.append(
-                f"| {row['layer']} | {'x'.join(map(str, row['shape']))} | "
-                f"{row['matrix'][0]}x{row['matrix'][1]} | {k} ({row['full_rank']}) | "
-                f"{row['w_params']:,} | {row['ab_params']:,} | {row['ratio']:.2f} | {end} |"
-            )
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.table2", description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default="runs/table2", help="folder of the run folders")
-    ap.add_argument("--out", default="reports/table2", help="where table2.json/.png go")
-    args = ap.parse_args(argv)
-    data = table(Path(args.runs))
-    if not data["runs"]:
-        raise SystemExit(f"no finished run (summary.json) under {args.runs}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "table2.json", json.dumps(data, indent=1) + "\n")
-    figure(data, out / "table2.png")
-    atomic_write_text(out / "tables.md", markdown(data))
-    for name, r in data["runs"].items():
-        print(
+def layer_row(row: dict[str, Any]) -> list[str]:
+    """One layer's line of a run's per-layer table."""
+    k = row["rank"] if row["rank"] is not None else "full"
+    end = [md.DASH, md.DASH]
+    if "rank_at_end" in row:
+        median, least = row["sigma_median_rel_at_end"], row["sigma_min_rel_at_end"]
+        end = [str(row["rank_at_end"]), f"{median:.3f} / {least:.3f}"]
+    return [
+        row["layer"],
+        "x".join(map(str, row["shape"])),
+        f"{row['matrix'][0]}x{row['matrix'][1]}",
+        f"{k} ({row['full_rank']})",
+        f"{row['w_params']:,}",
+        f"{row['ab_params']:,}",
+        f"{row['ratio']:.2f}",
+        *end,
+    ]
+
+
+# ---------------------------------------------------------------- the study
+@dataclass
+class Table2(study.Study):
+    """The study on the skeleton: five runs, a record, a figure and the tables (the
+    README around them is written by hand; no generated sentence)."""
+
+    name, record, keys = "table2", "table2.json", ("runs", "paper_vgg16", "chance_top1")
+    figure_file, page_file, indent = "table2.png", "tables.md", 1
+    basis = "the committed runs' times"
+
+    runs_dir: Path = RUNS_DIR
+
+    def plan(self) -> list[Run]:
+        path = self.out / self.record
+        committed = read_record(path, ("runs",))["runs"] if path.exists() else {}
+        return plan(self.runs_dir, committed)
+
+    def aggregate(self, runs: list[Run]) -> dict[str, Any]:
+        data = table(self.runs_dir)
+        if not data["runs"]:
+            raise SystemExit(f"no finished run (summary.json) under {self.runs_dir}")
+        return data
+
+    def figure(self, data: dict[str, Any], path: Path) -> None:
+        figure(data, path)  # the module's
+
+    def page(self, data: dict[str, Any]) -> str:
+        return markdown(data)
+
+    def closing(self, data: dict[str, Any]) -> str:
+        return "\n".join(
             f"{name:10s} {r['method']:4s} top1 best {r['val_top1_best']:.2f} final "
             f"{r['val_top1_final']:.2f} d {r['delta_top1_best']} compression "
             f"{r['compression_ratio']:.2f}:1 wall {r['wall_seconds']:.0f}s"
+            for name, r in data["runs"].items()
         )
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser("bench.table2", __doc__)
+    study.options(ap, RUNS_DIR, OUT, runs_flags=("--runs",))
+    a = ap.parse_args(argv)
+    return study.conduct(Table2(a.out, runs_dir=a.runs_dir), a)
 
 
 if __name__ == "__main__":

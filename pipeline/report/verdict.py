@@ -201,7 +201,7 @@ def verdict(
                 f"{len(s['measured'])} link rate{'s' * (len(s['measured']) > 1)} on {shape_name(s)}"
                 for s in shapes
             )
-            + f". Between them the time model (`abtrain.plan.ToTarget`, as `abtrain plan` uses "
+            + f". Between them the time model (`abtrain.timing.ToTarget`, as `abtrain plan` uses "
             f"it) names the measured fastest at {agree} of those {len(checked)}"
             + (
                 "."

@@ -38,6 +38,8 @@ def image_cfg(**fields):
         workers=2,
     )
     d.update(fields)
+    if d["real_labels"] is not None:
+        d.setdefault("real_subset", "labelled")
     return config.ImageData(**d)
 
 

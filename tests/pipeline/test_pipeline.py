@@ -641,8 +641,8 @@ def test_a_wrong_run_name_is_one_line():
 
 @pytest.mark.multiprocess
 def test_a_damaged_record_is_named_with_its_restore_command_and_reruns_nothing(mini):
-    """The search's best.json cut short, as a bad copy or a full disk leaves it: the run
-    stage and the search stage each end in one line naming the file and the command that
+    """The search's best.json cut short, as a bad copy or a full disk leaves it: the stage
+    that reads it for the runs (resolve) and the search stage each end in one line naming the file and the command that
     restores it; the search does not start again. Restored as told, nothing is stale. The
     report's length study the same."""
     repo, _ = mini
@@ -655,7 +655,7 @@ def test_a_damaged_record_is_named_with_its_restore_command_and_reruns_nothing(m
     search_state = repo / "runs" / "search" / "propulate" / "search.json"
     stamp = search_state.stat().st_mtime_ns
     restore = f"restore the committed copy: git checkout -- {best}"
-    for stage_name in ("train@ab-2x1", "search@propulate"):
+    for stage_name in ("resolve", "search@propulate"):
         run = dvc(repo, "repro", "-s", stage_name)
         assert run.returncode != 0, run.stdout[-3000:]
         said = [line for line in run.stderr.splitlines() if line.startswith("[pipeline] error:")]
@@ -665,7 +665,7 @@ def test_a_damaged_record_is_named_with_its_restore_command_and_reruns_nothing(m
     assert "done before" not in run.stdout  # no search began
     assert search_state.stat().st_mtime_ns == stamp
     subprocess.run(["git", "checkout", "--", str(best)], cwd=repo, check=True)
-    status = dvc(repo, "status", "search@propulate", "train@ab-2x1")
+    status = dvc(repo, "status", "search@propulate", "resolve", "train@ab-2x1")
     assert "changed" not in status.stdout, status.stdout
     # a study's record read by the report
     lengths = Path("reports/lengths/lengths.json")

@@ -25,9 +25,9 @@ def test_the_train_stage_trains_every_seed_and_writes_their_mean(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(p))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
-    def stage():
+    def stage(module: str = "pipeline.train", *args: str):
         return subprocess.run(
-            [sys.executable, "-m", "pipeline.train", "ddp-1x1"],
+            [sys.executable, "-m", module, *args],
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -35,7 +35,9 @@ def test_the_train_stage_trains_every_seed_and_writes_their_mean(tmp_path):
             timeout=300,
         )
 
-    proc = stage()
+    resolved = stage("pipeline.resolve")  # as dvc repro does before any run
+    assert resolved.returncode == 0, resolved.stderr[-3000:]
+    proc = stage("pipeline.train", "ddp-1x1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "seed 1 (2 of 2)" in proc.stdout
     result = json.loads((tmp_path / "results" / "ddp-1x1.json").read_text())
@@ -45,5 +47,5 @@ def test_the_train_stage_trains_every_seed_and_writes_their_mean(tmp_path):
     second = tmp_path / "runs" / "train" / "ddp-1x1" / "seeds" / "1"
     assert json.loads((second / "config.json").read_text())["seed"] == 1
     before = (second / "summary.json").stat().st_mtime_ns
-    assert stage().returncode == 0  # both seeds finished: nothing is retrained
+    assert stage("pipeline.train", "ddp-1x1").returncode == 0  # both seeds finished: nothing is retrained
     assert (second / "summary.json").stat().st_mtime_ns == before
