@@ -47,5 +47,7 @@ def test_the_train_stage_trains_every_seed_and_writes_their_mean(tmp_path):
     second = tmp_path / "runs" / "train" / "ddp-1x1" / "seeds" / "1"
     assert json.loads((second / "config.json").read_text())["seed"] == 1
     before = (second / "summary.json").stat().st_mtime_ns
-    assert stage("pipeline.train", "ddp-1x1").returncode == 0  # both seeds finished: nothing is retrained
+    assert (
+        stage("pipeline.train", "ddp-1x1").returncode == 0
+    )  # both seeds finished: nothing is retrained
     assert (second / "summary.json").stat().st_mtime_ns == before
