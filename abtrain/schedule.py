@@ -134,3 +134,12 @@ def rebound_factor(step: int, cfg: MethodConfig) -> float:
 def lr_at(step: int, cfg: Config) -> float:
     """The LR of `step`: the schedule, and the rebound over it (`rebound_lr`)."""
     return rebound_lr(step, cfg, lambda t: scheduled_lr(t, cfg))
+
+
+def decay_left(cfg: Config) -> float:
+    """What AdamW's decoupled weight decay alone leaves of a weight over the whole run,
+    exp(−wd·Σlr): the factor by which a singular value that no gradient supports shrinks.
+    Under the ortho-σ init every σ starts at 1, so a rank falls below `sigma_cutoff`·σ_max
+    by decay alone only where this is below the cutoff."""
+    lr_sum = sum(lr_at(step, cfg) for step in range(cfg.steps))
+    return math.exp(-cfg.optim.weight_decay * lr_sum)

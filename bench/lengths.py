@@ -196,6 +196,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 diff_top1=mean_sd([r["best_top1"] - ddp[r["seed"]]["best_top1"] for r in paired])
                 if paired
                 else None,
+                diff_final=mean_sd([r["final_top1"] - ddp[r["seed"]]["final_top1"] for r in paired])
+                if paired
+                else None,
                 bytes_vs_ddp=statistics.fmean(
                     r["inter_node_bytes"] / ddp[r["seed"]]["inter_node_bytes"] for r in paired
                 )
@@ -260,102 +263,164 @@ def classes(cfg: Any) -> int:
 
 
 # ---------------------------------------------------------------- the verdict and the page
-def trend(summary: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """AB's gap at the shortest and the longest length, and whether it narrows, holds or
-    widens: a change larger than the two gaps' sds together is a change."""
-    have = [s for s in summary if s["methods"].get("ab", {}).get("diff_top1")]
-    if len(have) < 2:
-        return None
-    short, long = have[0], have[-1]
-    a, b = short["methods"]["ab"]["diff_top1"], long["methods"]["ab"]["diff_top1"]
+def change_word(short: dict[str, Any], long: dict[str, Any], method: str = "ab") -> str:
+    """Whether `method`'s gap to DDP narrows, holds or widens from one length to another: a
+    change larger than the two gaps' sds together is a change."""
+    a, b = short["methods"][method]["diff_top1"], long["methods"][method]["diff_top1"]
     noise = (a["sd"] or 0.0) + (b["sd"] or 0.0)
     change = b["mean"] - a["mean"]  # > 0: AB nearer DDP (or further above it)
     if abs(change) <= noise:
-        word = "holds"
-    elif (change > 0) == (a["mean"] < 0):
-        word = "narrows"
-    else:
-        word = "widens"
-    return dict(short=short, long=long, word=word, change=change, noise=noise)
+        return "holds"
+    return "narrows" if (change > 0) == (a["mean"] < 0) else "widens"
+
+
+def trend(summary: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """AB's gap over the whole range: the word from each length to the longest. Where the
+    words agree, that word from the shortest; where they don't, the shortest point alone
+    decides the word, so the trend is the one from the next length on (`alone`: the
+    shortest and what it alone would say)."""
+    have = [s for s in summary if s["methods"].get("ab", {}).get("diff_top1")]
+    if len(have) < 2:
+        return None
+    long = have[-1]
+    words = [change_word(s, long) for s in have[:-1]]
+    if all(w == words[0] for w in words):
+        return dict(short=have[0], long=long, word=words[0], alone=None)
+    return dict(short=have[1], long=long, word=words[1], alone=(have[0], words[0]))
 
 
 def verdict(summary: list[dict[str, Any]]) -> str:
-    """The study in one sentence, every number from its files; short enough for one line of
-    the README's verdict (the bytes are in the study's table)."""
+    """The study in a few sentences, every number from its files: the gap's trend over the
+    whole range (with its seeds), the final top-1's beside the best's, and at the longest
+    length the compression with its cause."""
     t = trend(summary)
     if t is None:
         return "Too few lengths with paired ab and ddp runs for a trend."
     short, long = t["short"], t["long"]
-    ab = long["methods"]["ab"]
-    kept = f", {ab['kept_fraction']:.0%} of the rank kept" if ab["kept_fraction"] else ""
-    return (
+    a, b = short["methods"]["ab"], long["methods"]["ab"]
+    said = (
         f"From {short['epochs']} to {long['epochs']} epochs AB's gap to DDP {t['word']} "
-        f"({pm(short['methods']['ab']['diff_top1'])} to {pm(ab['diff_top1'])} points of best "
-        f"top-1) and at {long['epochs']} epochs it "
-        + (
-            f"compresses the model {ab['compression_ratio']:.2f}:1{kept}."
-            if ab["compression_ratio"] > 1.0
-            else f"does not compress ({ab['compression_ratio']:.2f}:1{kept})."
-        )
+        f"({pm(a['diff_top1'])} to {pm(b['diff_top1'])} points of best top-1, "
+        f"{a['diff_top1']['n']} and {b['diff_top1']['n']} seeds"
     )
+    if a.get("diff_final") and b.get("diff_final"):
+        said += f"; of final top-1 {pm(a['diff_final'])} to {pm(b['diff_final'])}"
+    said += ")"
+    if t["alone"]:
+        first, word = t["alone"]
+        said += (
+            f"; only the {first['epochs']}-epoch point ({first['steps']} steps, "
+            f"{pm(first['methods']['ab']['diff_top1'])}) would make it {word[:-1]}"
+        )
+    kept = f", {b['kept_fraction']:.0%} of the rank kept" if b["kept_fraction"] else ""
+    said += f". At {long['epochs']} epochs AB " + (
+        f"compresses the model {b['compression_ratio']:.2f}:1{kept}."
+        if b["compression_ratio"] > 1.0
+        else f"does not compress ({b['compression_ratio']:.2f}:1{kept})"
+    )
+    if b["compression_ratio"] <= 1.0 and b.get("decay_left") is not None:
+        said += (
+            f": at weight decay {b['weight_decay']:.2g} decay alone leaves "
+            f"{b['decay_left']:.3f} of a singular value over the run, far above the "
+            f"{b['sigma_cutoff']:.2f} cutoff (ortho-σ starts every σ at 1), so no rank falls."
+        )
+    elif b["compression_ratio"] <= 1.0:
+        said += "."
+    return said
+
+
+def add_decay(summary: list[dict[str, Any]], p: dict[str, Any], shape: tuple[int, int]) -> None:
+    """Each length's AB run: its weight decay, cutoff and what decay alone leaves of a
+    singular value over it (abtrain.schedule.decay_left), from params.yaml and the search's
+    committed best, as the study's runs were made."""
+    from abtrain import config as abconfig
+    from abtrain.schedule import decay_left
+    from pipeline.common import best_config
+
+    best = best_config(p)
+    for s in summary:
+        ab = s["methods"].get("ab")
+        if not ab:
+            continue
+        run = plan(p, best, (s["epochs"],), (1,), ("ab",), RUNS_DIR, shape)[0]
+        cfg = abconfig.from_dict(p["train"], run.sets)
+        ab.update(
+            weight_decay=cfg.optim.weight_decay,
+            sigma_cutoff=cfg.ab.sigma_cutoff,
+            decay_left=decay_left(cfg),
+        )
 
 
 def figure(data: dict[str, Any], path: Path) -> None:
-    """Five panels: Δ top-1 against length; AB's compression and kept rank over training at
-    each length; bytes over DDP's against length; time to target over the links at the
-    longest length."""
+    """Four panels, two by two, legible at the page's width: Δ best top-1 against length
+    (each method a little apart on x so the error bars don't overlap, each point's seeds
+    written beside it); bytes over DDP's against length; AB's compression and kept rank
+    over each run (one panel; said in words where they are one constant); the time to the
+    target over the links at the longest length (a method without a prediction named)."""
     from pipeline import style
 
     summary, rows = data["summary"], data["runs"]
     with style.matplotlib_defaults() as plt:
-        fig, axes = plt.subplots(1, 5, figsize=(21, 3.8))
-        ax = [axes[0], axes[1], axes[3], axes[4]]  # the kept rank, axes[2], beside compression
+        fig, axes = plt.subplots(2, 2, figsize=(12, 8.4))
+        delta, sent, ranks, timed = axes[0, 0], axes[0, 1], axes[1, 0], axes[1, 1]
         lengths = [s["epochs"] for s in summary]
-        for m in [
+        methods = [
             m for m in style.METHODS if m != "ddp" and any(m in s["methods"] for s in summary)
-        ]:
+        ]
+        shift = style.offsets(methods, 0.09)  # in log2 units of epochs
+        for m in methods:
             pts = [(s["epochs"], s["methods"][m]) for s in summary if s["methods"].get(m)]
             pts = [(e, x) for e, x in pts if x["diff_top1"]]
             look = style.marker(m)
             look.pop("zorder")
-            ax[0].errorbar(
-                [e for e, _ in pts],
-                [x["diff_top1"]["mean"] for _, x in pts],
-                yerr=[x["diff_top1"]["sd"] or 0 for _, x in pts],
+            xs = [e * 2 ** shift[m] for e, _ in pts]
+            ys = [x["diff_top1"]["mean"] for _, x in pts]
+            delta.errorbar(
+                xs, ys, yerr=[x["diff_top1"]["sd"] or 0 for _, x in pts],
                 label=m, capsize=3, **look,
             )  # fmt: skip
-            ax[2].plot([e for e, _ in pts], [x["bytes_vs_ddp"] for _, x in pts], label=m, **look)
-        ax[0].axhline(0, color="grey", lw=0.8)
+            for x, y, (_, d) in zip(xs, ys, pts):
+                delta.annotate(
+                    f"n={d['diff_top1']['n']}", (x, y), xytext=(5, -3),
+                    textcoords="offset points", fontsize=8, color=style.colour(m),
+                )  # fmt: skip
+            sent.plot([e for e, _ in pts], [x["bytes_vs_ddp"] for _, x in pts], label=m, **look)
+        delta.axhline(0, color="grey", lw=0.8)
         for a, title in (
-            (ax[0], "Δ best top-1 vs DDP (points)"),
-            (ax[2], "inter-node bytes / DDP's"),
+            (delta, "Δ best top-1 vs DDP (points; mean ± sd over n seeds)"),
+            (sent, "inter-node bytes / DDP's"),
         ):
             a.set_xscale("log", base=2)
             a.set_xticks(lengths, [str(x) for x in lengths])
             a.set_xlabel("epochs")
-            a.set_title(title, fontsize=10)
-            a.legend(fontsize=8)
+            a.set_title(title)
+            a.legend()
+        sent.set_ylim(0, None)
         first = {
             r["epochs"]: r for r in rows if r["method"] == "ab" and r["compression_over_steps"]
         }
-        for i, (epochs, r) in enumerate(sorted(first.items())):
-            # thinner for longer runs: lines that coincide still show each length
-            look = dict(
-                lw=1 + 2.5 * (len(first) - 1 - i), marker="o", ms=3 + 3 * (len(first) - 1 - i)
-            )
-            look |= dict(label=f"{epochs} epoch{'s' * (epochs != 1)}", alpha=0.8)
-            kept = r["kept_fraction_over_steps"]
-            for a, pts in ((ax[1], r["compression_over_steps"]), (axes[2], kept)):
-                a.plot([s / r["steps"] for s, _ in pts], [c for _, c in pts], **look)
-        ax[1].axhline(1, color="grey", lw=0.8)
-        for a, title in (
-            (ax[1], "ab: compression ratio at each factorisation"),
-            (axes[2], "ab: kept rank / full rank (ranks.csv)"),
-        ):
-            a.set_xlabel("fraction of the run")
-            a.set_title(title, fontsize=10)
-            a.legend(fontsize=8)
-        axes[2].set_ylim(0, 1.05)
+        values = {c for r in first.values() for _, c in r["compression_over_steps"]}
+        kept = {k for r in first.values() for _, k in r["kept_fraction_over_steps"]}
+        if len(values) == 1 and len(kept) == 1:  # one number: said, not drawn as lines
+            ranks.axis("off")
+            ranks.text(
+                0.5, 0.5,
+                f"ab: compression {values.pop():.2f}:1 and {kept.pop():.0%} of the rank kept\n"
+                f"at every factorisation of every length\n({', '.join(map(str, sorted(first)))} "
+                "epochs): no singular value\nfell below the cutoff",
+                ha="center", va="center", fontsize=12, transform=ranks.transAxes,
+            )  # fmt: skip
+        else:
+            for epochs, r in sorted(first.items()):
+                label = f"{epochs} epoch{'s' * (epochs != 1)}"
+                pts = r["compression_over_steps"]
+                ranks.plot(
+                    [s / r["steps"] for s, _ in pts], [c for _, c in pts], marker="o", label=label
+                )
+            ranks.axhline(1, color="grey", lw=0.8)
+            ranks.set_xlabel("fraction of the run")
+            ranks.set_title("ab: compression ratio at each factorisation")
+            ranks.legend()
         tt = data.get("time_to_target")
         if tt:
             labels = [r or "unshaped" for r in RATES]
@@ -363,20 +428,21 @@ def figure(data: dict[str, Any], path: Path) -> None:
             width = 0.8 / len(methods)
             for i, m in enumerate(methods):
                 ys = [tt["seconds"][m][x] or 0 for x in labels]
-                ax[3].bar(
-                    [j + i * width for j in range(len(labels))],
-                    ys,
-                    width,
-                    label=m,
+                timed.bar(
+                    [j + i * width for j in range(len(labels))], ys, width, label=m,
                     color=style.COLOURS.get(m),
-                )
-            ax[3].set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels)
-            ax[3].set_ylabel("seconds")
-            ax[3].set_title(
-                f"time to {tt['target_top1']:.1f}% at {tt['epochs']} epochs (time model)",
-                fontsize=10,
+                )  # fmt: skip
+            timed.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels)
+            timed.set_ylabel("seconds")
+            timed.set_title(
+                f"time to {tt['target_top1']:.1f}% top-1 at {tt['epochs']} epochs (time model)"
             )
-            ax[3].legend(fontsize=8)
+            timed.legend()
+            if tt.get("left_out"):
+                timed.text(
+                    0.98, 0.62, f"not predicted: {', '.join(tt['left_out'])}\n(see the page)",
+                    ha="right", fontsize=9, color="grey", transform=timed.transAxes,
+                )  # fmt: skip
         fig.tight_layout()
         style.save(fig, path, dpi=110)
 
@@ -403,7 +469,11 @@ def markdown(data: dict[str, Any]) -> str:
         f"Generated by `{data['command']}` on {data['generated']}. Each run is the default "
         f"profile's {data['shape'][0]} × {data['shape'][1]} run of its method with `experiments.epochs` set to "
         f"the length, the search's values and {EVALUATIONS} evaluations; run folders in "
-        f"`{data['runs_dir']}`, every figure in `lengths.json`.",
+        f"`{data['runs_dir']}`, every figure in `lengths.json`. Two things the length does "
+        "not scale: an evaluation waits for a sync in AB's phases, so AB is evaluated fewer "
+        "times than DDP (which favours DDP's best-of-evaluations; the verdict gives the final "
+        "top-1's gap beside it), and PowerSGD's `start_iter` is the profile's fixed step "
+        "count at every length.",
         "",
         f"**{data['verdict']}**",
         "",
@@ -499,6 +569,8 @@ class Lengths(study.Study):
             tt = time_to_target(timed, longest, runs)
             if tt and left:
                 tt["left_out"] = left
+        summary = summarize(rows)
+        add_decay(summary, self.p, self.shape)
         return dict(
             generated=study.stamp(),
             command=self.command,
@@ -506,7 +578,7 @@ class Lengths(study.Study):
             shape=list(self.shape),
             model=self.p["train"]["model"],  # the report names a study of another model apart
             evaluations=EVALUATIONS,
-            summary=summarize(rows),
+            summary=summary,
             time_to_target=tt,
             runs=rows,
         )
@@ -514,6 +586,7 @@ class Lengths(study.Study):
     def refresh(self, data: dict[str, Any]) -> dict[str, Any]:
         # the time to target needs the runs' configs: it stays as the record has it
         data["summary"] = summarize(data["runs"])
+        add_decay(data["summary"], self.p, self.shape)
         return data
 
     def sentence(self, data: dict[str, Any]) -> str:

@@ -29,6 +29,8 @@ from pipeline.style import write_bytes
 
 DVC_YAML = Path("dvc.yaml")
 TEMPLATE = "pipeline/curves_template.json"
+# the same with a log x axis: traffic spans two orders of magnitude between the methods
+TEMPLATES = (TEMPLATE, "pipeline/curves_template_logx.json")
 FIGURES = Path("reports/figures")
 PAGES = Path("reports/plots")
 VEGA_LITE = "5.21"  # one of vl_convert.get_vegalite_versions(); fixed so figures don't drift
@@ -42,7 +44,11 @@ def definitions(dvc_yaml: Path = DVC_YAML) -> dict[str, dict[str, Any]]:
         if not isinstance(item, dict):
             continue
         ((name, props),) = item.items()
-        if not props or props.get("template") != TEMPLATE or not isinstance(props.get("y"), dict):
+        if (
+            not props
+            or props.get("template") not in TEMPLATES
+            or not isinstance(props.get("y"), dict)
+        ):
             continue
         ((source, y),) = props["y"].items()
         out[name] = dict(props, source=source, y=y)
@@ -57,7 +63,10 @@ def spec(props: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     data = [{**r, "rev": r.get("rev", "workspace")} for r in rows]
     keep = ("x", "y", "title", "x_label", "y_label")
     renderer = VegaRenderer(
-        data, props.get("title", ""), template=TEMPLATE, **{k: props[k] for k in keep if k in props}
+        data,
+        props.get("title", ""),
+        template=props["template"],
+        **{k: props[k] for k in keep if k in props},
     )
     return only_present(renderer.get_filled_template(), {r.get("method") for r in data})
 

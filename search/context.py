@@ -62,6 +62,7 @@ class Context:
             self.out / "individuals" / tag,
             self.scfg.penalty,
             stop or self.median_rule,
+            self.scfg.nodes,
         )
         if root:
             row = dict(
@@ -73,6 +74,9 @@ class Context:
                 error=outcome.error,
                 status=outcome.status,
                 errors=outcome.errors,
+                inter_node_bytes=outcome.inter_node_bytes,
+                compression=outcome.compression,
+                kept_rank=outcome.kept_rank,
                 message=outcome.message[:500],
                 t_start=t0,
                 t_end=time.time() - self.started,
@@ -100,7 +104,10 @@ class Context:
         )
 
     def median_rule(self, i: int, error: float) -> bool:
-        """Prune when worse than the median of finished runs at the same evaluation."""
+        """Prune when worse than the median of finished runs at the same evaluation; never
+        under objective `tradeoff`, where a worse error may buy fewer bytes."""
+        if self.scfg.objective == "tradeoff":
+            return False
         if i + 1 < self.scfg.prune_after_evals or self.scfg.prune_after_evals == 0:
             return False
         seen = [
@@ -109,6 +116,20 @@ class Context:
             if r["status"] == "ok" and len(r["errors"]) > i
         ]
         return len(seen) >= max(1, self.scfg.startup_trials) and error > statistics.median(seen)
+
+
+def tradeoff_loss(outcome: objective.Outcome, budget: float | None) -> float:
+    """Propulate's one number for the trade-off: the best validation error (%) of a run
+    within `budget` inter-node bytes per rank; over it, the error plus 100 points for each
+    budget's worth sent: worse than any run within it (an error is at most 100), and less
+    bad the nearer the budget, so a search that starts over the budget is led under it. A
+    failed run keeps its penalty."""
+    if outcome.inter_node_bytes is None or not outcome.errors:
+        return outcome.error
+    best = min(outcome.errors)
+    if budget is None or outcome.inter_node_bytes <= budget:
+        return best
+    return best + 100.0 * (outcome.inter_node_bytes / budget)
 
 
 def _short(override: str) -> str:

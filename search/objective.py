@@ -34,19 +34,35 @@ class Outcome:
     status: str  # ok | pruned | diverged | crashed | invalid
     errors: list[float] = field(default_factory=list)  # after each evaluation
     message: str = ""
+    # a run that finished: its inter-node bytes per rank (the ledger's), its compression
+    # (parameters of the full model over those it ended with) and kept share of the rank
+    inter_node_bytes: float | None = None
+    compression: float | None = None
+    kept_rank: float | None = None
 
 
-def launch_for(comm: Any) -> Launch:
-    """This rank's place in its worker, nodes told apart by host name."""
+def launch_for(comm: Any, nodes: int = 1) -> Launch:
+    """This rank's place in its worker: nodes told apart by host name, or, for `nodes` > 1
+    on one host, consecutive ranks standing for each node (as `abtrain.launch --nnodes`
+    emulates them), so that the ledger counts what would cross a node boundary."""
     hosts = comm.allgather(socket.gethostname())
-    nodes = list(dict.fromkeys(hosts))
+    if nodes > 1 and len(set(hosts)) == 1:
+        per = comm.size // nodes
+        return Launch(
+            rank=comm.rank,
+            world_size=comm.size,
+            local_rank=comm.rank % per,
+            ranks_per_node=per,
+            node=comm.rank // per,
+        )
+    names = list(dict.fromkeys(hosts))
     mine = hosts[comm.rank]
     return Launch(
         rank=comm.rank,
         world_size=comm.size,
         local_rank=[h for h in hosts[: comm.rank]].count(mine),
         ranks_per_node=hosts.count(mine),
-        node=nodes.index(mine),
+        node=names.index(mine),
     )
 
 
@@ -83,6 +99,7 @@ def evaluate(
     out: Path,
     penalty: float,
     stop: Callable[[int, float], bool],
+    nodes: int = 1,
 ) -> Outcome:
     """Train one individual on this worker's ranks; every rank returns the same Outcome.
 
@@ -91,7 +108,8 @@ def evaluate(
     errors: list[float] = []
     try:
         cfg = abconfig.from_dict(train_raw, run_overrides)
-        methods.check_world(cfg, comm.size, launch_for(comm).ranks_per_node)
+        launch = launch_for(comm, nodes)
+        methods.check_world(cfg, comm.size, launch.ranks_per_node)
     except abconfig.ConfigError as err:
         return Outcome(penalty, "invalid", message=str(err))
     status, message = "ok", ""
@@ -100,7 +118,7 @@ def evaluate(
         if comm.rank == 0:
             shutil.rmtree(out, ignore_errors=True)  # an individual that was cut off
         comm.Barrier()
-        trainer = Trainer(cfg, out, launch_for(comm))
+        trainer = Trainer(cfg, out, launch)
         runs = trainer.evaluations()
         for i, result in enumerate(runs):
             errors.append(100.0 - result["val_top1"])
@@ -122,7 +140,24 @@ def evaluate(
         dist.destroy_process_group()  # a broken group: the next individual makes a new one
     if agreed in ("diverged", "crashed") or not errors:
         return Outcome(penalty, agreed, errors, message or f"a peer rank {agreed}")
-    return Outcome(errors[-1], agreed, errors, message)
+    if agreed == "pruned":
+        return Outcome(errors[-1], agreed, errors, message)
+    measured = comm.bcast(_measured(trainer) if comm.rank == 0 else None, root=0)
+    return Outcome(errors[-1], agreed, errors, message, **measured)
+
+
+def _measured(trainer: Trainer) -> dict[str, float]:
+    """A finished run's bytes, compression and kept rank share (1.0 for a method that
+    factorises nothing), from its summary (rank 0's)."""
+    from abtrain import results
+
+    s = trainer.summary
+    ranks = s.get("ranks") or {}
+    return dict(
+        inter_node_bytes=float(s["traffic"]["inter_node_bytes"]),
+        compression=float(s["compression_ratio"]),
+        kept_rank=results.mean_rank_fraction(ranks, trainer.ab.layers) if ranks else 1.0,
+    )
 
 
 def _max():

@@ -19,7 +19,7 @@ import random
 from pathlib import Path
 
 from search import space
-from search.context import Context
+from search.context import Context, tradeoff_loss
 
 
 def run(ctx: Context) -> None:
@@ -41,7 +41,10 @@ def run(ctx: Context) -> None:
         hp = space.from_propulate(ind, s.space)
         island, worker, gen = int(ind.island), int(ind.rank), int(ind.generation)
         tags = dict(island=island, worker=worker, generation=gen)
-        return ctx.evaluate(hp, f"i{island}-w{worker}-g{gen}", tags, comm).error
+        outcome = ctx.evaluate(hp, f"i{island}-w{worker}-g{gen}", tags, comm)
+        if s.objective == "tradeoff":
+            return tradeoff_loss(outcome, s.byte_budget)
+        return outcome.error
 
     if world.rank == 0:
         for line in resumable(ctx.out / "checkpoints", workers, s.islands):

@@ -84,6 +84,12 @@ class SearchConfig(_Section):
     prune_after_evals: int = Field(ge=0)  # evaluations of a run before it may be pruned
     train: list[str]  # overrides of the `train` section for every search run
     space: dict[str, Param] = Field(min_length=1)
+    # what the search minimises: `top1`, the validation error of the last evaluation;
+    # `tradeoff`, the best validation error and the inter-node bytes per rank together
+    # (Optuna: both objectives, no pruning; Propulate: the error under `byte_budget`)
+    objective: Literal["top1", "tradeoff"]
+    nodes: int = Field(ge=1)  # the nodes a worker's ranks stand for (1: none crosses a node)
+    byte_budget: float | None = Field(gt=0)  # Propulate's budget under `tradeoff`, bytes/rank
 
     @model_validator(mode="after")
     def _carried(self) -> SearchConfig:
@@ -92,6 +98,12 @@ class SearchConfig(_Section):
                 raise ValueError(f"use_best: {key} is not a key of search.space")
             if key == "ab.group_size":  # a 2-rank worker's groups are not a node's
                 raise ValueError("use_best: ab.group_size is tied to the search workers' shape")
+        if self.ranks_per_worker % self.nodes:
+            raise ValueError(
+                f"search.nodes={self.nodes} does not divide ranks_per_worker={self.ranks_per_worker}"
+            )
+        if self.byte_budget is not None and self.objective != "tradeoff":
+            raise ValueError("search.byte_budget is a budget of objective `tradeoff` only")
         return self
 
 

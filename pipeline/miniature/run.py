@@ -39,6 +39,7 @@ def working_copy(dest: Path) -> None:
     # committed benchmarks the report reads: reports/seeds/, every reports/seeds-*/ study,
     # the search-rerun and training-length studies
     inputs = ("reports/seeds", "reports/table2/", "reports/search-reruns/", "reports/lengths/")
+    inputs += ("reports/tradeoff/",)
     for f in files:
         if f and (ROOT / f).is_file() and (not f.startswith(results) or f.startswith(inputs)):
             (dest / f).parent.mkdir(parents=True, exist_ok=True)

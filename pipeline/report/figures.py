@@ -51,12 +51,17 @@ def figures(
             if s["method"] == method and in_scheme(s, scheme, p)
         )
 
-    def method_lines(ax, scheme, value):
-        """One line per method of `value` against the ranks, in the method's style."""
-        for m in methods:
+    def method_lines(ax, scheme, value, nested=False):
+        """One line per method of `value` against the ranks, in the method's style;
+        `nested`: each line thinner than the one drawn before it, so lines of equal values
+        (every AB method's 0.75:1) show every colour."""
+        for i, m in enumerate(methods):
             pts = points(scheme, m, value)
+            look = style.marker(m)
+            if nested:
+                look["lw"] = 1.2 + 2.0 * (len(methods) - 1 - i)
             if pts:
-                ax.plot(*zip(*pts), **style.marker(m), label=m)
+                ax.plot(*zip(*pts), **look, label=m)
 
     def ranks_axis(ax, scheme):
         worlds = sorted({s["world_size"] for s in done.values() if in_scheme(s, scheme, p)})
@@ -115,7 +120,7 @@ def figures(
             ax.set(title=titles[scheme], xlabel="ranks (world size)", ylabel="validation top-1 (%)")
             ranks_axis(ax, scheme)
             ax = axes[row, 1]
-            method_lines(ax, scheme, lambda s: s["compression_ratio"])
+            method_lines(ax, scheme, lambda s: s["compression_ratio"], nested=True)
             ax.axhline(1.0, color="k", lw=0.8, ls=":", zorder=1)
             ax.annotate(
                 "1:1 (A and B as large as W)",

@@ -76,8 +76,11 @@ def compression_notes(rows: list[dict[str, Any]]) -> list[str]:
                 + ("every one" if min(kept) == 1 else f"at least {100 * min(kept):.0f}%")
                 + " of the factorised layers ended at the rank of their first factorisation "
                 "(`factorizations` in "
-                "results/NAME.json): in runs this short few singular values fall below "
-                "`ab.sigma_cutoff`, so A and B stay larger than W. "
+                "results/NAME.json): at the searched weight decay, decay alone leaves "
+                "nearly every singular value where the ortho-σ init put it (at 1), far above "
+                "`ab.sigma_cutoff`·σ_max (the length study gives the figure, and shows that no "
+                "length it reached changes it), so A and B stay larger than W; "
+                "`reports/tradeoff/` searches the weight decays and cutoffs that do cut ranks. "
                 if kept
                 else ""
             )

@@ -352,7 +352,8 @@ def curves(done: dict[str, dict]) -> list[dict[str, Any]]:
 def with_label_positions(rows: list[dict[str, Any]], gap: float = 0.075) -> list[dict[str, Any]]:
     """`label_y` on each run's last row: where the template writes the run's name, right of
     its line's end, at its top-1 moved apart from its panel's other names by at least `gap`
-    of the charts' top-1 range (a name sits on no line, and no two overlap)."""
+    of the charts' top-1 range (no two overlap), each stack of names centred on the ends it
+    labels, so that a name sits as near its line as the others allow."""
     tops = [r["val_top1"] for r in rows if r.get("val_top1") is not None]
     if not tops:
         return rows
@@ -367,13 +368,32 @@ def with_label_positions(rows: list[dict[str, Any]], gap: float = 0.075) -> list
         ranked = sorted(
             (r for r in last.values() if r["scale"] == scale), key=lambda r: r["val_top1"]
         )
-        ys = [r["val_top1"] for r in ranked]
-        for i in range(1, len(ys)):  # push up what would overlap the name below
-            ys[i] = max(ys[i], ys[i - 1] + step)
-        shift = max(0.0, ys[-1] - max(tops))  # and the stack back down, under the top
+        ys = spread_apart([r["val_top1"] for r in ranked], step)
+        shift = max(0.0, ys[-1] - max(tops))  # the stack back down, under the charts' top
         for r, y in zip(ranked, ys):
             out[ends[id(r)]]["label_y"] = round(y - shift, 4)
     return out
+
+
+def spread_apart(wanted: list[float], step: float) -> list[float]:
+    """Positions for labels wanted at `wanted` (ascending), at least `step` apart: labels
+    that would overlap form a stack, centred on the mean of the positions they want, and
+    stacks that then overlap merge, until none does."""
+    stacks = [[y] for y in wanted]  # each stack: the positions its labels want
+
+    def placed(stack: list[float]) -> float:  # the stack's lowest label
+        return sum(stack) / len(stack) - step * (len(stack) - 1) / 2
+
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(stacks) - 1):
+            top = placed(stacks[i]) + step * (len(stacks[i]) - 1)
+            if placed(stacks[i + 1]) < top + step - 1e-12:
+                stacks[i : i + 2] = [stacks[i] + stacks[i + 1]]
+                merged = True
+                break
+    return [placed(stack) + k * step for stack in stacks for k in range(len(stack))]
 
 
 # ---------------------------------------------------------------- searches and seeds
@@ -419,6 +439,14 @@ def lengths_study(p: dict[str, Any]) -> dict[str, Any] | None:
     """The training-length study (reports/lengths/lengths.json, `python -m bench.lengths`)
     when it was made with the matrix's model, else None."""
     path = REPORTS / "lengths" / "lengths.json"
+    data = read_record(path) if path.exists() else None
+    return data if data and same_model(data, p) else None
+
+
+def tradeoff_study(p: dict[str, Any]) -> dict[str, Any] | None:
+    """The trade-off study (reports/tradeoff/points.json, `python -m bench.tradeoff`) when
+    it was made with the matrix's model, else None."""
+    path = REPORTS / "tradeoff" / "points.json"
     data = read_record(path) if path.exists() else None
     return data if data and same_model(data, p) else None
 
@@ -568,9 +596,28 @@ def first_to_target(
                 leads=leads,
                 unshaped=min(free, key=free.get),
                 measured=[
-                    dict(rate=r["rate"], fastest=r["fastest"], model=r["predicted_fastest"])
+                    dict(
+                        rate=r["rate"],
+                        fastest=r["fastest"],
+                        model=r["predicted_fastest"],
+                        seconds={
+                            x["method"]: x["seconds_to_target"]
+                            for x in r.get("methods", [])
+                            if x.get("seconds_to_target") is not None
+                        },
+                    )
                     for r in s["rates"]
                 ],
+                # AB against DDP alone, the paper's only baseline: the rate below which
+                # the time model has AB first of the two (None: no crossing in the grid)
+                ab_ahead_of_ddp_below=next(
+                    (
+                        c["mbit_per_s"]
+                        for c in s.get("crossovers", [])
+                        if set(c["methods"]) == {"ab", "ddp"} and c["faster_below"] == "ab"
+                    ),
+                    None,
+                ),
             )
         )
     return out

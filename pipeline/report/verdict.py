@@ -73,6 +73,26 @@ def lead_text(shape: dict[str, Any], method: str) -> str:
     return " and ".join(parts) if parts else "never"
 
 
+def ties(shapes: list[dict[str, Any]]) -> str:
+    """Where the measured first is not the model's: by how much it was ahead, which the
+    model's error covers (abtrain.timing.MODEL_ERROR)."""
+    from abtrain.timing import MODEL_ERROR
+
+    said = []
+    for s in shapes:
+        for m in s["measured"]:
+            if m["fastest"] == m["model"] or m["model"] not in m["seconds"]:
+                continue
+            got, want = m["seconds"][m["fastest"]], m["seconds"][m["model"]]
+            gap = (want - got) / want
+            near = "within" if gap <= MODEL_ERROR else "beyond"
+            said.append(
+                f"{NAMES.get(m['fastest'], m['fastest'])} was measured first at {m['rate']} on "
+                f"{shape_name(s)}, {gap:.1%} ahead, {near} the model's {MODEL_ERROR:.0%} error"
+            )
+    return ("; " + "; ".join(said)) if said else ""
+
+
 def shape_name(s: dict[str, Any]) -> str:
     return f"{s['nodes']} × {s['ranks_per_node']}"
 
@@ -109,9 +129,11 @@ def verdict(
     else:
         head = "on this CPU-sized profile AB training saves bytes at no measured cost in accuracy."
     # one short sentence a line: the README's first screen is read, not scrolled
-    text = [
-        f"**Verdict: {head}**",
-        "",
+    text = [f"**Verdict: {head}**", ""]
+    tradeoff = tables.tradeoff_study(p)
+    if tradeoff:  # the question a researcher asks first: what a byte budget buys
+        text.append(tradeoff_line(tradeoff["verdict"]))
+    text += [
         f"- It sends {span([r['ratio_to_ddp'] for r in ab_t1], '.3f')} of DDP's inter-node "
         f"bytes ({len(ab_t1)} scale{'s' * (len(ab_t1) > 1)}).",
     ]
@@ -141,14 +163,23 @@ def verdict(
             return ", ".join([first, *(f"{name} {where}" for name, where in named[1:])])
 
         others = "".join(f"; {shape_name(s)}: {firsts(s)}" for s in shapes[1:])
+        against = [s for s in shapes if s.get("ab_ahead_of_ddp_below")]
+        ahead = (
+            "; against DDP alone, the paper's only baseline, it is first below "
+            + ", ".join(f"{mbit(s['ab_ahead_of_ddp_below'])} on {shape_name(s)}" for s in against)
+            if against
+            else ""
+        )
         text.append(
             f"- It is never first to the target accuracy at any emulated link rate from "
-            f"{mbit(main['grid'][0])} to {mbit(main['grid'][1])}."
+            f"{mbit(main['grid'][0])} to {mbit(main['grid'][1])} (of {len(main['methods'])} "
+            f"methods){ahead}."
             if not ab_first
             else "- It is first to the target accuracy on some emulated links only."
         )
         text.append(
-            f"- {firsts(main)} ({main['nodes']} nodes × {main['ranks_per_node']} ranks{others})."
+            f"- {firsts(main)} ({main['nodes']} nodes × {main['ranks_per_node']} ranks{others}; "
+            f"the time model's ranking{ties(shapes)})."
         )
 
     def scheme_text(rows: list[Any], scheme: str) -> str:
@@ -292,6 +323,11 @@ def verdict_section(
         "",
         *(figure(*glance) if glance else []),
     ]
+
+
+def tradeoff_line(sentence: str) -> str:
+    """The trade-off study's sentence (bench.tradeoff.verdict) as a line of the verdict."""
+    return f"- Accuracy against bytes (`reports/tradeoff/`): {sentence[0].lower()}{sentence[1:]}"
 
 
 def lengths_line(sentence: str) -> str:

@@ -63,12 +63,28 @@ def test_the_summary_pairs_each_method_with_ddp_at_its_seed():
 def test_the_verdict_says_whether_the_gap_narrows_holds_or_widens(short, long, word):
     text = lengths.verdict(study(short, long))
     assert f"From 2 to 32 epochs AB's gap to DDP {word} " in text
-    assert f"({short:+.2f} ± 0.05 to {long:+.2f} ± 0.05 points" in text
-    assert text.endswith("and at 32 epochs it does not compress (0.80:1, 50% of the rank kept).")
+    assert f"({short:+.2f} ± 0.05 to {long:+.2f} ± 0.05 points of best top-1, 3 and 3 seeds" in text
+    assert "would make it" not in text  # every length says the same
+    assert text.endswith("At 32 epochs AB does not compress (0.80:1, 50% of the rank kept).")
     assert "compresses the model 2.50:1, 50% of the rank kept." in lengths.verdict(
         study(short, long, 2.5)
     )
-    assert len(text) <= 170  # one line of the README's verdict, with the study's folder
+
+
+def test_a_trend_that_only_the_shortest_point_makes_is_not_called_one():
+    """The committed study's shape: the 1-epoch gap near 0, the others apart from it but
+    not from each other (within their sds): the verdict says `holds` from the second length
+    and names the first as what alone would make it widen."""
+    rows = []
+    for epochs, gap, spread in ((1, -0.2, 0.7), (4, -2.35, 1.1), (16, -3.2, 0.2)):
+        for seed, noise in ((0, -1.0), (1, 0.0), (2, 1.0)):
+            rows.append(row(epochs, seed, "ddp", 28.0))
+            rows.append(row(epochs, seed, "ab", 28.0 + gap + noise * spread))
+    text = lengths.verdict(lengths.summarize(rows))
+    assert "widens" not in text
+    assert text.startswith("From 4 to 16 epochs AB's gap to DDP holds (-2.35 ± 1.10 to -3.20")
+    assert "only the 1-epoch point (10 steps, -0.20 ± 0.70) would make it widen" in text
+    assert "of final top-1" in text  # the final top-1's gap beside the best's
 
 
 def test_the_committed_verdict_is_made_from_the_studys_files():

@@ -75,7 +75,7 @@ def reported(tmp_path_factory):
     """A working copy with results/ and plots/ for the default matrix, and the report run."""
     repo = tmp_path_factory.mktemp("report")
     for f in ("params.yaml", "dvc.yaml", "pipeline/curves_template.json",
-              "pipeline/paper_reference.json", "reports/seeds/seeds.json",
+              "pipeline/curves_template_logx.json", "pipeline/paper_reference.json", "reports/seeds/seeds.json",
               "reports/seeds-best-abps/seeds.json", "reports/seeds-best-ab/seeds.json",
               "results/search/propulate/best.json"):  # fmt: skip
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
@@ -242,12 +242,14 @@ def test_every_method_has_one_colour_and_one_marker_in_every_figure():
     assert set(style.METHODS) == set(get_args(Method))
     assert len(set(style.COLOURS.values())) == len(style.METHODS)
     assert len(set(style.MARKERS.values())) == len(style.METHODS)
-    template = json.loads((ROOT / "pipeline" / "curves_template.json").read_text())
     scales = style.vega_scales()
-    assert template["spec"]["encoding"]["color"]["scale"] == scales["color"]
-    (line,) = [x for x in template["spec"]["layer"] if x.get("mark", {}).get("type") == "line"]
-    assert line["encoding"]["shape"]["field"] == "method"
-    assert line["encoding"]["shape"]["scale"] == scales["shape"]
+    for name in ("curves_template.json", "curves_template_logx.json"):
+        template = json.loads((ROOT / "pipeline" / name).read_text())
+        assert template["spec"]["encoding"]["color"]["scale"] == scales["color"]
+        layers = template["spec"]["layer"]
+        (line,) = [x for x in layers if x.get("mark", {}).get("type") == "line"]
+        assert line["encoding"]["shape"]["field"] == "method"
+        assert line["encoding"]["shape"]["scale"] == scales["shape"]
     # a later method is drawn over an earlier one; ab_powersgd over powersgd's larger marker
     assert style.rank("ab_powersgd") > style.rank("powersgd")
     assert style.size("ab_powersgd") < style.size("powersgd")
@@ -357,3 +359,17 @@ def test_run_names_sit_right_of_their_lines_and_apart():
     ys = sorted(labels[r] for r in ("ddp", "ab", "psgd"))
     assert all(b - a >= gap - 1e-9 for a, b in zip(ys, ys[1:]))
     assert max(ys) <= 33.70 + 1e-9  # no higher than the charts' top
+
+
+def test_a_stack_of_names_is_centred_on_the_ends_it_labels():
+    """Three ends close together mid-chart: the names spread both ways from their mean, so
+    none is further from its line than the stack needs (pushing up only put the top name
+    two gaps above its line)."""
+    from pipeline.report.tables import spread_apart
+
+    ys = spread_apart([30.0, 30.1, 30.2], 0.5)
+    assert ys == pytest.approx([29.6, 30.1, 30.6])
+    assert max(abs(y - w) for y, w in zip(ys, [30.0, 30.1, 30.2])) <= 0.4 + 1e-9
+    assert spread_apart([20.0, 30.0], 0.5) == [20.0, 30.0]  # apart already: where they end
+    merged = spread_apart([29.0, 30.0, 30.1], 0.6)  # a stack that then overlaps its neighbour
+    assert all(b - a >= 0.6 - 1e-9 for a, b in zip(merged, merged[1:]))

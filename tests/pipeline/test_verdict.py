@@ -276,6 +276,23 @@ def test_the_verdict_says_what_the_length_study_found_when_made_with_the_runs_mo
     assert "reports/lengths" not in verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
 
 
+def test_the_trade_off_studys_sentence_leads_the_verdict(here):
+    """reports/tradeoff/points.json (bench.tradeoff): what a byte budget buys is the first
+    line under the verdict's head; a study of another model is not there."""
+    path = tables.REPORTS / "tradeoff" / "points.json"
+    path.parent.mkdir(parents=True)
+    said = "In 160-step runs: at ≤ 40% of DDP's inter-node bytes the best top-1 is 30.00%."
+    path.write_text(json.dumps(dict(model=MODEL, verdict=said)))
+    lines = verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0].splitlines()
+    bullets = [x for x in lines if x.startswith("- ")]
+    assert bullets[0] == (
+        "- Accuracy against bytes (`reports/tradeoff/`): in 160-step runs: at ≤ 40% of DDP's "
+        "inter-node bytes the best top-1 is 30.00%."
+    )
+    path.write_text(json.dumps(dict(model=None, verdict=said)))
+    assert "reports/tradeoff" not in verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
+
+
 def test_the_report_has_a_section_over_training_length_from_the_study(here):
     """The study's sentence, its figure and AB's Δ at each length, read from lengths.json."""
     path = tables.REPORTS / "lengths" / "lengths.json"

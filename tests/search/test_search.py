@@ -344,6 +344,8 @@ def write_params(tmp_path, change):
             r"search\.space\.ab\.sigma_cutoff: value 1\.5 is invalid",
         ),
         (lambda s: s.update(ranks_per_worker=3), r"search\.ranks_per_worker=3 does not divide"),
+        (lambda s: s.update(nodes=3), r"search\.nodes=3 does not divide ranks_per_worker=2"),
+        (lambda s: s.update(byte_budget=1e6), r"search\.byte_budget is a budget of objective"),
     ],
 )
 def test_bad_space_fails_naming_the_key_before_any_rank_trains(tmp_path, capsys, change, message):
@@ -374,3 +376,19 @@ def test_the_backends_colours_are_no_methods():
     used = {c.lower() for c in COLOURS.values()}
     assert {s["color"].lower() for s in BACKEND_STYLE.values()}.isdisjoint(used)
     assert len({s["color"] for s in BACKEND_STYLE.values()}) == len(BACKEND_STYLE)
+
+
+def test_propulates_tradeoff_number_is_the_error_within_the_budget_and_grows_over_it():
+    from search.context import tradeoff_loss
+    from search.objective import Outcome
+
+    def run(errors, sent):
+        return Outcome(errors[-1], "ok", errors, inter_node_bytes=sent)
+
+    assert tradeoff_loss(run([60.0, 50.0, 55.0], 100.0), 200.0) == 50.0  # the best, not last
+    assert tradeoff_loss(run([60.0, 50.0], 300.0), 200.0) == 50.0 + 150.0
+    assert tradeoff_loss(run([60.0, 50.0], 300.0), None) == 50.0
+    # a point over the budget never beats one within it, however accurate
+    assert tradeoff_loss(run([0.0], 201.0), 200.0) > tradeoff_loss(run([99.0], 200.0), 200.0)
+    failed = Outcome(100.0, "crashed", [], "boom")
+    assert tradeoff_loss(failed, 200.0) == 100.0

@@ -1,0 +1,132 @@
+"""The trade-off study (bench.tradeoff) in miniature, for real: both backends' searches
+under mpirun on the synthetic task, seeds on the front, points.json, the fronts, the figure,
+the verdict and MLflow's parent run; killed after its first search and continued. The
+study itself (about 45 minutes) is not run here."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from abtrain.config import apply_overrides, read_yaml
+from bench import tradeoff
+from tests.helpers import PARAMS, ROOT, TINY
+
+
+def miniature(tmp_path):
+    p = read_yaml(PARAMS)
+    mlflow = [f"tracking.uri=sqlite:///{tmp_path}/m.db", "tracking.enabled=true"]
+    p["train"] = apply_overrides(p["train"], [*TINY, *mlflow])
+    t = p["tradeoff"]
+    t.update(
+        methods=["ddp", "ab"],
+        budgets=[0.5, 0.9],
+        seeds=2,
+        evaluations={"optuna": {"ddp": 2, "ab": 2}, "propulate": {"ab": 2}},
+        train=["steps=24", "eval_every=8", "checkpoint_every=0"],
+    )
+    t["spaces"] = {m: t["spaces"][m] for m in t["methods"]}
+    t["spaces"]["ab"]["model.init"]["values"] = ["default"]  # the MLP has no ortho-σ
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    return p
+
+
+def front_of(points):
+    """The test's own Pareto rule: no point of the method as accurate for fewer bytes."""
+    out = []
+    for p in points:
+        mine = [q for q in points if q["method"] == p["method"] and q is not p]
+        out.append(
+            not any(
+                q["best_top1"] >= p["best_top1"]
+                and q["inter_node_bytes_per_rank"] <= p["inter_node_bytes_per_rank"]
+                and (
+                    q["best_top1"] > p["best_top1"]
+                    or q["inter_node_bytes_per_rank"] < p["inter_node_bytes_per_rank"]
+                )
+                for q in mine
+            )
+        )
+    return out
+
+
+@pytest.mark.multiprocess
+def test_the_study_searches_both_backends_resumes_and_reports_fronts_from_its_files(tmp_path):
+    miniature(tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    }
+    cmd = [sys.executable, "-m", "bench.tradeoff"]
+    first = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    said = []
+    for line in first.stdout:
+        said.append(line)
+        if line.startswith("[bench.tradeoff] run 2 of"):  # DDP's search finished: stop
+            os.killpg(first.pid, signal.SIGTERM)
+            break
+    first.wait(timeout=120)
+    assert "the rest about" in said[0] and "ETA" in said[1]
+    ddp_rows = tmp_path / "runs/tradeoff/ddp/optuna/evaluations.jsonl"
+    before = ddp_rows.stat().st_mtime_ns
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "run 1 of 7: finished, read from runs/tradeoff/ddp/optuna" in again.stdout
+    assert ddp_rows.stat().st_mtime_ns == before  # the finished search was not run again
+
+    out = tmp_path / "reports/tradeoff"
+    data = json.loads((out / "points.json").read_text())
+    points = data["points"]
+    for p in points:  # the record's schema
+        assert {"method", "backend", "params", "seeds", "best_top1"} <= set(p)
+        assert {
+            "inter_node_bytes_per_rank",
+            "bytes_vs_ddp",
+            "compression",
+            "kept_rank",
+            "steps",
+            "front",
+        } <= set(p)
+        assert p["steps"] == 24 and p["inter_node_bytes_per_rank"] > 0
+    assert {p["backend"] for p in points if p["method"] == "ab"} == {"optuna", "propulate"}
+    assert len([p for p in points if p["method"] == "ab"]) >= 5  # 2 + 2 × 2, minus repeats
+    ddp = [p for p in points if p["method"] == "ddp"]
+    assert all(p["bytes_vs_ddp"] == pytest.approx(1.0) for p in ddp)
+    assert [p["front"] for p in points] == front_of(points)
+    seeded = [p for p in points if len(p["seeds"]) == 2]
+    assert seeded and all(p["best_top1_sd"] is not None for p in seeded)
+    assert any(p["method"] == "ddp" for p in seeded)
+    # the verdict names, at each budget, the best point within it, from the files alone
+    assert data["verdict"] == tradeoff.verdict(data)
+    for b in data["budgets"]:
+        inside = [p for p in points if p["bytes_vs_ddp"] <= b + 1e-9]
+        if inside:
+            assert f"at ≤ {b:.0%} of DDP's inter-node bytes the best top-1 is" in data["verdict"]
+    assert data["verdict"] in again.stdout
+    assert (out / "tradeoff.png").stat().st_size > 10_000
+    made = {f: (out / f).read_bytes() for f in ("points.json", "README.md")}
+    render = subprocess.run(
+        [*cmd, "--render"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert render.returncode == 0, render.stderr[-2000:]
+    assert (out / "README.md").read_bytes() == made["README.md"]
+    # MLflow: the study one parent run, each point nested under it, the figure its artifact
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    exp = client.get_experiment_by_name("tradeoff")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.info.run_name == "tradeoff"]
+    assert len(parents) == 1
+    pid = parents[0].info.run_id
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == pid]
+    assert len(children) == len(points)
+    assert "tradeoff.png" in {a.path for a in client.list_artifacts(pid)}
