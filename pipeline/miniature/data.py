@@ -76,27 +76,26 @@ def write_imagenet(dest: Path, rng: np.random.Generator) -> tuple[Path, int]:
 
     with tempfile.TemporaryDirectory(dir=dest) as tmp:
         root = Path(tmp) / "imagenet-mini"
-        k = 0
+        k, v = 0, 0  # every image; the validation images, numbered from 1 as ImageNet's
         for split, n in IMAGENET_PER_CLASS.items():
             for c, wnid in enumerate(WNIDS):
                 (root / split / wnid).mkdir(parents=True)
                 for i in range(n):
                     w, h = JPEG_SIZES[k % len(JPEG_SIZES)]
                     k += 1
+                    v += split == "val"
                     name = (
                         f"{wnid}_{1000 + i}.JPEG"
                         if split == "train"
-                        else f"ILSVRC2012_val_{k:08d}.JPEG"
+                        else f"ILSVRC2012_val_{v:08d}.JPEG"
                     )
                     img = Image.fromarray(_image(rng, c, len(WNIDS), h, w))
                     img.save(root / split / wnid / name, "JPEG", quality=85)
         archive = dest / "imagenet-mini.tar"
         _tar(Path(tmp), "imagenet-mini", archive, gzip=False)
-    # ReaL's real.json for it (entry i: ILSVRC2012_val_{i+1}): every val image labelled
-    real = [[] for _ in range(k)]
-    first_val = len(WNIDS) * IMAGENET_PER_CLASS["train"]
-    for i in range(first_val, k):
-        real[i] = [(i - first_val) // IMAGENET_PER_CLASS["val"]]
+    # ReaL's real.json for it, one entry a validation image (entry i: ILSVRC2012_val_{i+1}),
+    # as the real one has: the authors' positional rule (data.real_subset: authors) needs it
+    real = [[i // IMAGENET_PER_CLASS["val"]] for i in range(v)]
     (dest / "imagenet-mini-real.json").write_text(json.dumps(real))
     return archive, len(WNIDS) * IMAGENET_PER_CLASS["train"]
 
