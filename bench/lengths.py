@@ -586,7 +586,7 @@ class Lengths(study.Study):
     def refresh(self, data: dict[str, Any]) -> dict[str, Any]:
         # the time to target needs the runs' configs: it stays as the record has it
         data["summary"] = summarize(data["runs"])
-        add_decay(data["summary"], self.p, self.shape)
+        add_decay(data["summary"], self.p, tuple(data["shape"]))  # the record's, not --shape
         return data
 
     def sentence(self, data: dict[str, Any]) -> str:
