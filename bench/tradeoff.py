@@ -147,7 +147,7 @@ def search_params(
 def ddp_bytes(runs_dir: Path) -> float:
     """DDP's inter-node bytes per rank, from its Optuna search (every DDP run of the same
     steps sends the same)."""
-    rows = [r for r in read_record_rows(runs_dir / "ddp" / "optuna" / "evaluations.jsonl")]
+    rows = read_record_rows(runs_dir / "ddp" / "optuna" / "evaluations.jsonl")
     sent = [r["inter_node_bytes"] for r in rows if r.get("inter_node_bytes")]
     if not sent:
         raise SystemExit(f"{runs_dir}/ddp/optuna holds no finished DDP run: run it first")
@@ -258,6 +258,7 @@ class Tradeoff(study.Study):
     def plan(self) -> list[Run]:
         t, p = self.t, self.p
         workers = t.ranks // p["search"]["ranks_per_worker"]
+        unit = round_seconds()  # read once: the committed search's record
         out = []
         for m in t.methods:
             for backend, budget in searches_of(t, m):
@@ -268,7 +269,7 @@ class Tradeoff(study.Study):
                     Run(
                         name=label,
                         folder=folder_of(self.runs_dir, m, backend, budget),
-                        seconds=study.LAUNCH_SECONDS + rounds * round_seconds(),
+                        seconds=study.LAUNCH_SECONDS + rounds * unit,
                         done="best.json",
                         launch=self._search(m, backend, budget),
                         info=dict(kind="search"),
@@ -284,7 +285,7 @@ class Tradeoff(study.Study):
                             folder=self.runs_dir / "seeds" / f"{m}-b{b:g}-s{seed}",
                             nodes=t.nodes,
                             ranks_per_node=p["search"]["ranks_per_worker"] // t.nodes,
-                            seconds=study.LAUNCH_SECONDS + round_seconds() / 2,
+                            seconds=study.LAUNCH_SECONDS + unit / 2,
                             launch=self._seed(m, b, seed),
                             info=dict(kind="seed", method=m, budget=b, seed=seed),
                         )
