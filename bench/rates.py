@@ -4,7 +4,8 @@ planner's time model: which method pays off at which rate, and where one overtak
     python -m bench.rates    # from the committed bench/results/network-*.json (no training):
                              # writes bench/results/network-rates.json and network-rates.png
 
-`python -m bench.network` calls it after its runs. Runs made with other overrides (each
+A study of the skeleton (bench.study) that trains nothing: its record is the per-rate files,
+and `python -m bench.network` is the same study with the runs that make them. Runs made with other overrides (each
 per-rate file records its `--set` and `--method-set` values) are not one table: it refuses
 them, naming the files and the overrides that differ, unless `--by-overrides` asks for one
 table per set of overrides (written beside, as network-rates-by-overrides.json and .png).
@@ -31,17 +32,20 @@ methods' measured order is not the model's (`contradicted_by`; drawn hollow).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from abtrain import config as abconfig
-from abtrain.files import atomic_write_text, read_record
+from abtrain.files import read_record
 from abtrain.timing import MODEL_ERROR, ToTarget
+from bench import study
 from bench.paper_scale import measured_mean, rate_bytes_per_s
 from pipeline.common import parser, stage
 
@@ -390,11 +394,11 @@ def analyse(params: dict, files: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summarise(
-    params: dict, results: Path = RESULTS, by_overrides: bool = False, out: Path | None = None
+    params: dict, results: Path = RESULTS, by_overrides: bool = False
 ) -> dict[str, Any] | None:
-    """Analyse every per-rate file under `results`; write `out` (network-rates.json there)
-    and its figure beside it (.png). Files made with different overrides: MixedOverrides,
-    or with `by_overrides` one table per set of them, each shape labelled with its set."""
+    """Every per-rate file under `results` analysed (None: there is none). Files made with
+    different overrides: MixedOverrides, or with `by_overrides` one table per set of them,
+    each shape labelled with its set."""
     files = load(results)
     if not files:
         return None
@@ -412,9 +416,6 @@ def summarise(
             c["settings"] = label
         summary["shapes"] += got["shapes"]
         summary["check"] += got["check"]
-    out = out or results / f"{SUMMARY}.json"
-    atomic_write_text(out, json.dumps(summary, indent=2))
-    plot(summary, out.with_suffix(".png"))
     return summary
 
 
@@ -526,17 +527,20 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         style.save(fig, path, dpi=110)
 
 
-def print_summary(summary: dict[str, Any]) -> None:
+def summary_text(summary: dict[str, Any]) -> str:
+    """The summary as the command prints it: per shape, each rate's methods measured and
+    predicted, the fastest, the crossovers."""
+    lines: list[str] = []
     for shape in summary["shapes"]:
-        print(
+        lines.append(
             f"\n{shape['nodes']} nodes x {shape['ranks_per_node']} ranks: target top-1 "
             f"{shape['target_top1']:.2f}% (smoothed over {SMOOTH} evaluations)"
         )
         made = shape.get("settings")
         if made:
             label = f"{made['label']}, " if made["label"] else ""
-            print(f"{label}made with: {made['made_with']}")
-        print(
+            lines.append(f"{label}made with: {made['made_with']}")
+        lines.append(
             f"{'rate':<10}{'method':<13}{'steps':>7}{'s to target':>12}{'predicted':>10}"
             f"{'s/step':>8}{'pred.':>8}{'err':>7}"
         )
@@ -552,54 +556,88 @@ def print_summary(summary: dict[str, Any]) -> None:
                 f = [f"{v:.1f}" if v is not None else "—" for v in cells[:3]]
                 f += [f"{v:.3f}" if v is not None else "—" for v in cells[3:]]
                 err = f"{x['step_error']:+.1%}" if x.get("step_error") is not None else "—"
-                print(
+                lines.append(
                     f"{r['rate']:<10}{x['method']:<13}{f[0]:>7}{f[1]:>12}{f[2]:>10}{f[3]:>8}"
                     f"{f[4]:>8}{err:>7}"
                 )
-            print(
+            lines.append(
                 f"{'':<10}fastest: {r['fastest']} (measured), {r['predicted_fastest']} (predicted)"
             )
         for c in shape["crossovers"]:
             against = c.get("contradicted_by")
-            print(
+            lines.append(
                 f"crossover at {c['mbit_per_s']:.0f} Mbit/s: {c['faster_below']} faster below, "
                 f"{c['faster_above']} above"
                 + (f" (the measured order disagrees at {', '.join(against)})" if against else "")
             )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- python -m bench.rates
+@dataclass
+class Rates(study.Study):
+    """The summary of the per-rate files in `out` (bench.network's), its figure beside it:
+    a study that trains nothing. bench.network is this study with its runs."""
+
+    config: Path = Path("params.yaml")
+
+    name: ClassVar[str] = "rates"
+    record: ClassVar[str] = f"{SUMMARY}.json"
+    figure_file: ClassVar[str | None] = f"{SUMMARY}.png"
+    page_file: ClassVar[str | None] = None  # the report's benchmark section is its page
+    separate: ClassVar[bool] = False  # runs of other overrides: one table each, or refused
+
+    def summary(self) -> dict[str, Any]:
+        summary = summarise(yaml.safe_load(Path(self.config).read_text()), self.out, self.separate)
+        if summary is None:
+            raise SystemExit(f"no {self.out}/network-*.json: run python -m bench.network first")
+        return summary
+
+    def recorded(self) -> dict[str, Any]:
+        return self.summary()  # the per-rate files are its record
+
+    def aggregate(self, runs: list[study.Run]) -> dict[str, Any]:
+        return self.summary()
+
+    def figure(self, data: dict[str, Any], path: Path) -> None:
+        plot(data, path)
+
+    def closing(self, data: dict[str, Any]) -> str:
+        return summary_text(data)
+
+
+@dataclass
+class ByOverrides(Rates):
+    """Runs of other overrides side by side, one labelled table each, written beside."""
+
+    record: ClassVar[str] = f"{SUMMARY}-by-overrides.json"
+    figure_file: ClassVar[str | None] = f"{SUMMARY}-by-overrides.png"
+    separate: ClassVar[bool] = True
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser("bench.rates", __doc__)
     p.add_argument("--config", type=Path, default=Path("params.yaml"))
     p.add_argument(
-        "--results", type=Path, default=RESULTS, help="where the network-*.json files are"
-    )
-    p.add_argument(
         "--out",
+        "--results",
         type=Path,
-        default=None,
-        help=f"the summary; its figure beside it as .png (default: RESULTS/{SUMMARY}.json, "
-        f"with --by-overrides RESULTS/{SUMMARY}-by-overrides.json)",
+        default=RESULTS,
+        help="where the network-*.json files are; the summary and its figure go there",
     )
     p.add_argument(
         "--by-overrides",
         action="store_true",
         help="files made with different --set/--method-set values: one table per set of "
-        "them, labelled, instead of refusing",
+        f"them, labelled, written as {SUMMARY}-by-overrides.json and .png, instead of refusing",
     )
     a = p.parse_args(argv)
-    default = f"{SUMMARY}-by-overrides.json" if a.by_overrides else f"{SUMMARY}.json"
-    params = yaml.safe_load(a.config.read_text())
+    made = (ByOverrides if a.by_overrides else Rates)(out=a.out, config=a.config)
     try:
-        summary = summarise(params, a.results, a.by_overrides, a.out or a.results / default)
+        return study.conduct(made, argparse.Namespace(render=True))
     except MixedOverrides as err:
         print(f"bench.rates: {err}", file=sys.stderr)
         return 2
-    if summary is None:
-        print(f"no {a.results}/network-*.json: run python -m bench.network first")
-        return 1
-    print_summary(summary)
-    return 0
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ class Study:
     record: ClassVar[str] = ""  # the record in `out`: every figure the page and figure need
     keys: ClassVar[tuple[str, ...]] = ()  # what a record must hold to be rendered from
     figure_file: ClassVar[str | None] = None  # its figure in `out`, if it draws one
-    page_file: ClassVar[str] = "README.md"
+    page_file: ClassVar[str | None] = "README.md"  # None: the report is its page
     indent: ClassVar[int] = 2  # the record's JSON indent (the committed records' own)
     basis: ClassVar[str] = ""  # how `plan` estimates a run's seconds, said with the estimate
 
@@ -104,6 +104,11 @@ class Study:
     def refresh(self, data: dict[str, Any]) -> dict[str, Any]:
         """A record read back, its figures made again from its rows (--render)."""
         return data
+
+    def recorded(self) -> dict[str, Any]:
+        """What --render writes from: the committed record, refreshed."""
+        how = f"python -m bench.{self.name}"
+        return self.refresh(read_record(self.out / self.record, self.keys, how))
 
     def sentence(self, data: dict[str, Any]) -> str | None:
         """The study in one sentence, every number from `data` (the record's `verdict`);
@@ -127,11 +132,18 @@ class Study:
 
 # ---------------------------------------------------------------- the command line
 def options(
-    ap: argparse.ArgumentParser, runs_dir: Path, out: Path, runs_flags: Sequence[str] = ()
+    ap: argparse.ArgumentParser,
+    runs_dir: Path,
+    out: Path,
+    runs_flags: Sequence[str] = (),
+    out_flags: Sequence[str] = (),
 ) -> None:
-    """The options every study answers; `runs_flags`: other names of --runs-dir."""
+    """The options every study answers; `runs_flags`, `out_flags`: other names of
+    --runs-dir and --out."""
     ap.add_argument("--runs-dir", *runs_flags, type=Path, default=runs_dir, dest="runs_dir")
-    ap.add_argument("--out", type=Path, default=out, help="the record, figure and page")
+    ap.add_argument(
+        "--out", *out_flags, type=Path, default=out, dest="out", help="the record, figure and page"
+    )
     ap.add_argument("--dry-run", action="store_true", help="list the runs and their time")
     ap.add_argument("--report-only", action="store_true", help="read run folders, train none")
     ap.add_argument(
@@ -251,8 +263,7 @@ def report(study: Study, runs: list[Run]) -> dict[str, Any]:
 
 def render(study: Study) -> dict[str, Any]:
     """The same files again from the committed record alone."""
-    data = read_record(study.out / study.record, study.keys, f"python -m bench.{study.name}")
-    return write(study, study.refresh(data))
+    return write(study, study.recorded())
 
 
 def write(study: Study, data: dict[str, Any]) -> dict[str, Any]:
@@ -265,7 +276,8 @@ def write(study: Study, data: dict[str, Any]) -> dict[str, Any]:
     atomic_write_text(study.out / study.record, json.dumps(data, indent=study.indent) + "\n")
     if study.figure_file:
         study.figure(data, study.out / study.figure_file)
-    atomic_write_text(study.out / study.page_file, study.page(data))
+    if study.page_file:
+        atomic_write_text(study.out / study.page_file, study.page(data))
     return data
 
 
@@ -285,7 +297,8 @@ def matrix_seconds(name: str, results: Path = Path("results"), scale: float = 1.
 
 
 # ---------------------------------------------------------------- python -m bench.study
-STUDIES = ("lengths", "seeds", "search_reruns", "table2")  # the modules built on it
+# the modules built on it
+STUDIES = ("lengths", "network", "rates", "seeds", "search_reruns", "table2", "tradeoff")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,6 @@ committed runs; no training)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 
@@ -25,15 +24,8 @@ def committed(name: str) -> dict:
 def write(folder, rate: str, sets: list[str], method_sets: dict, source: str) -> None:
     """A per-rate file as bench.network writes it, holding the runs of a committed one."""
     runs = [{**r, "rate": rate} for r in committed(source)["results"]]
-    a = argparse.Namespace(
-        nodes=2,
-        ranks_per_node=2,
-        config=str(PARAMS),
-        set=sets,
-        method_sets=method_sets,
-        results=folder,
-    )
-    network.write_rate(a, None if rate == "unshaped" else rate, runs)
+    bench = network.Network(out=folder, config=PARAMS, sets=sets, method_sets=method_sets)
+    bench.write_rate(2, 2, None if rate == "unshaped" else rate, runs)
 
 
 def two_settings(folder) -> None:
@@ -112,15 +104,21 @@ def test_the_committed_runs_are_one_table():
     assert len(rates.groups(rates.load(RESULTS))) == 1
 
 
-def fake_run(method, rate, a, work):
+def fake_measure(self, run):
     """A committed run in place of training: bench.network's records, not its runs."""
-    run = next(r for r in committed("network-200mbit")["results"] if r["method"] == method)
-    return {**run, "rate": rate or "unshaped"}
+    run.folder.mkdir(parents=True, exist_ok=True)
+    (run.folder / network.MEASURED).write_text(json.dumps(dict(sets=run.sets)))
+
+
+def fake_result(self, run):
+    got = next(r for r in committed("network-200mbit")["results"] if r["method"] == run["method"])
+    return {**got, "rate": run["rate"] or "unshaped"}
 
 
 def test_network_runs_the_matrixs_values_and_records_what_it_changed(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(network, "run_one", fake_run)
+    monkeypatch.setattr(network.Network, "measure", fake_measure)
+    monkeypatch.setattr(network.Network, "result", fake_result)
     monkeypatch.setattr(network, "plot", lambda results=None: None)
     common = ["--results", str(tmp_path), "--work", str(tmp_path / "work")]
     common += ["--methods", "ddp,ab_powersgd"]
@@ -151,7 +149,10 @@ def test_merge_is_refused_before_any_run_where_the_kept_runs_had_other_settings(
 ):
     monkeypatch.chdir(ROOT)
     ran = []
-    monkeypatch.setattr(network, "run_one", lambda *args: ran.append(args) or fake_run(*args))
+    monkeypatch.setattr(
+        network.Network, "measure", lambda self, run: ran.append(run) or fake_measure(self, run)
+    )
+    monkeypatch.setattr(network.Network, "result", fake_result)
     monkeypatch.setattr(network, "plot", lambda results=None: None)
     base = committed("network-200mbit")
     write(tmp_path, "200mbit", base["overrides"], base["method_overrides"], "network-200mbit")

@@ -88,46 +88,59 @@ def test_the_time_model_picks_the_measured_fastest_method_at_every_committed_rat
     assert all(len(v) == 1 for v in by_method.values()), by_method
 
 
-def test_the_summary_and_its_figure_are_written(tmp_path):
+def test_the_summary_and_its_figure_are_written_again_byte_for_byte(tmp_path, monkeypatch):
+    """`python -m bench.rates` from the committed per-rate files gives the committed
+    summary and figure back, and `bench.network --render` is the same study."""
+    monkeypatch.chdir(ROOT)
     for f in RESULTS.glob("network-*.json"):
         if f.stem != "network-rates":
             shutil.copy(f, tmp_path)
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    s = rates.summarise(params, tmp_path)
+    assert rates.main(["--out", str(tmp_path)]) == 0
+    for name in ("network-rates.json", "network-rates.png"):
+        assert (tmp_path / name).read_bytes() == (RESULTS / name).read_bytes(), name
     written = json.loads((tmp_path / "network-rates.json").read_text())
-    assert written["check"] == json.loads(json.dumps(s["check"]))
-    assert (tmp_path / "network-rates.png").stat().st_size > 10_000
     # a crossover is where the two predicted times meet, the faster one changing
     for c in written["shapes"][0]["crossovers"]:
         assert c["faster_below"] != c["faster_above"]
-    # the committed summary is this one (bench.rates redraws it from the committed files)
-    committed = json.loads((RESULTS / "network-rates.json").read_text())
-    assert committed["shapes"] == written["shapes"]
-    assert rates.load(tmp_path) and all(d.get("results") for d in rates.load(tmp_path))
+    (tmp_path / "network-rates.json").unlink()
+    assert network.main(["--render", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "network-rates.json").read_bytes() == (
+        RESULTS / "network-rates.json"
+    ).read_bytes()
 
 
 def test_one_command_runs_every_shape_rate_and_method(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(network, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(network, "plot", lambda results=None: None)
-    monkeypatch.setattr(network, "summarise", lambda config, results=None: None)
+    monkeypatch.setattr(network.Rates, "summary", lambda self: {"shapes": [], "check": []})
+    monkeypatch.setattr(network.Rates, "figure", lambda self, data, path: None)
     seen = []
 
-    def fake_run(method, rate, a, work):
-        seen.append((a.nodes, a.ranks_per_node, rate, method, a.method_sets.get(method, [])))
+    def fake_measure(self, run):
+        own = [
+            s for s in run.sets if s not in self.sets and not s.startswith(("method=", "tracking."))
+        ]
+        seen.append((run.nodes, run.ranks_per_node, run["rate"], run["method"], own))
+        run.folder.mkdir(parents=True)
+        (run.folder / network.MEASURED).write_text(json.dumps(dict(sets=run.sets)))
+
+    def fake_result(self, run):
         return dict(
-            method=method,
+            method=run["method"],
             wall_seconds=60.0,
             val_top1={"best": 30.0, "final": 30.0},
             evals=evals((10, 5.0, 20.0), (20, 10.0, 30.0)),
             ledger_inter_node_bytes_by_node={0: 1},
-            interface_bytes_by_node=[{"tx": 1}] * a.nodes,
+            interface_bytes_by_node=[{"tx": 1}] * run.nodes,
             step_seconds={},
         )
 
-    monkeypatch.setattr(network, "run_one", fake_run)
+    monkeypatch.setattr(network.Network, "measure", fake_measure)
+    monkeypatch.setattr(network.Network, "result", fake_result)
     network.main(
         [
+            "--out",
+            "results",
             "--methods",
             "ddp,ab_powersgd",
             "--shape",
@@ -149,30 +162,132 @@ def test_one_command_runs_every_shape_rate_and_method(tmp_path, monkeypatch, cap
     ]
     assert seen[1][4] == ["ab.sync_mode=only_learned"] and seen[0][4] == []
     names = sorted(f.name for f in (tmp_path / "results").iterdir())
-    assert names == ["network-200mbit.json", "network-4n-200mbit.json", "network-unshaped.json"]
+    assert names == [
+        "network-200mbit.json",
+        "network-4n-200mbit.json",
+        "network-rates.json",  # the summary (its analysis faked here)
+        "network-unshaped.json",
+    ]
     d = json.loads((tmp_path / "results/network-4n-200mbit.json").read_text())
     assert (d["nodes"], d["ranks_per_node"], d["rate"]) == (4, 1, "200mbit")
     assert d["method_overrides"] == {"ab_powersgd": ["ab.sync_mode=only_learned"]}
     r = d["results"][0]
     assert r["target_top1"] == 25.0 and r["steps_to_target"] == 15.0  # the smoothed point
     out = capsys.readouterr().out
-    assert "[bench.network] run 6 of 6 finished: ab_powersgd at 200mbit" in out
+    assert "[bench.network] run 6 of 6: ab_powersgd at 200mbit on 4x1" in out
+
+
+def fake_measure(self, run):
+    """A run in place of training: the files the report reads from its folder."""
+    run.folder.mkdir(parents=True, exist_ok=True)
+    measured = dict(sets=run.sets, wall_seconds=60.0, interface_bytes_by_node=[{"tx": 1}])
+    (run.folder / network.MEASURED).write_text(json.dumps(measured))
+
+
+def fake_result(self, run):
+    return dict(
+        method=run["method"],
+        rate=run["rate"] or "unshaped",
+        wall_seconds=60.0,
+        val_top1={"best": 30.0, "final": 30.0},
+        evals=[{"step": 1, "seconds": 1.0, "val_top1": 30.0}],
+        ledger_inter_node_bytes_by_node={0: 1},
+        interface_bytes_by_node=[{"tx": 1}],
+        step_seconds={},
+    )
+
+
+def test_a_killed_benchmark_continues_and_announces_each_run(tmp_path, monkeypatch, capsys):
+    """The benchmark takes minutes per run: each one says which of how many, and the ETA;
+    killed, it continues with the runs not measured, and a run measured with other values
+    is not one of its runs."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(network.Network, "result", fake_result)
+    monkeypatch.setattr(network, "plot", lambda results=None: None)
+    monkeypatch.setattr(network.Rates, "summary", lambda self: {"shapes": [], "check": []})
+    monkeypatch.setattr(network.Rates, "figure", lambda self, data, path: None)
+    measured = []
+
+    def killed_at_third(self, run):
+        if len(measured) == 2:
+            raise SystemExit(1)
+        measured.append(run.name)
+        fake_measure(self, run)
+
+    monkeypatch.setattr(network.Network, "measure", killed_at_third)
+    args = [
+        "--rates",
+        "200mbit,none",
+        "--methods",
+        "ddp,ab",
+        "--ranks-per-node",
+        "1",
+        "--no-matrix",
+    ]
+    args += ["--out", str(tmp_path / "results"), "--runs-dir", str(tmp_path / "work")]
+    with pytest.raises(SystemExit):
+        network.main(args)
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[bench.network]")]
+    assert lines[0].startswith("[bench.network] 4 runs (0 finished); the rest about ")
+    assert lines[1].startswith("[bench.network] run 1 of 4: ddp at 200mbit on 2x1; elapsed 0 s")
+    assert lines[2].startswith("[bench.network] run 2 of 4: ab at 200mbit on 2x1; elapsed ")
+    assert "ETA" in lines[2]
+    assert measured == ["ddp at 200mbit on 2x1", "ab at 200mbit on 2x1"]
+    assert not (tmp_path / "results").exists()  # killed in training: nothing reported
+    # run again: the two measured are read back, the two others trained
+    measured.clear()
+    monkeypatch.setattr(network.Network, "measure", fake_measure)
+    assert network.main(args) == 0
+    out = capsys.readouterr().out
+    assert "[bench.network] 4 runs (2 finished)" in out
+    assert "run 1 of 4: finished, read from" in out and "run 3 of 4: ddp at unshaped" in out
+    names = sorted(f.name for f in (tmp_path / "results").glob("network-*[!s].json"))
+    assert names == ["network-2n-200mbit.json", "network-2n-unshaped.json"]
+    # a run measured with other values is trained again
+    again = [*args, "--set", "steps=100"]
+    assert network.main([*again, "--dry-run"]) == 0
+    assert "4 runs (0 finished)" in capsys.readouterr().out
+
+
+def test_merge_replaces_only_the_rerun_methods_and_keeps_their_order(tmp_path):
+    """--merge: a rerun of one method leaves the other methods' committed runs in place."""
+    old = [{"method": m, "steps": 160, "tag": "old"} for m in ("ddp", "ab", "ab_powersgd")]
+    (tmp_path / "network-200mbit.json").write_text(json.dumps({"results": old}))
+    bench = network.Network(out=tmp_path)
+    new = [{"method": "ab_powersgd", "steps": 160, "tag": "new"}]
+    got = bench.merged(2, 2, "200mbit", new)
+    assert [(r["method"], r["tag"]) for r in got] == [
+        ("ddp", "old"),
+        ("ab", "old"),
+        ("ab_powersgd", "new"),
+    ]
+    # a shape and rate with no committed file: just the new runs
+    assert bench.merged(2, 2, "50mbit", new) == new
 
 
 def test_a_dry_run_predicts_each_runs_wall_time_from_the_committed_runs(monkeypatch, capsys):
-    """The dry run's estimate of a committed 200 Mbit/s run, with that run's settings,
-    against the wall time it took."""
+    """The plan's estimate of a committed 200 Mbit/s run, with that run's settings, against
+    the wall time it took; the dry run lists each run and trains none."""
     monkeypatch.chdir(ROOT)
     committed = json.loads((RESULTS / "network-200mbit.json").read_text())
     took = {r["method"]: r["wall_seconds"] for r in committed["results"]}
+    bench = network.Network(
+        out=RESULTS,
+        shapes=[(2, 2, ["200mbit", None])],
+        methods=["ddp", "ab"],
+        sets=committed["overrides"],
+        method_sets=committed["method_overrides"],
+    )
+    runs = bench.plan()
+    assert [r.name for r in runs][:2] == ["ddp at 200mbit on 2x2", "ab at 200mbit on 2x2"]
+    assert runs[0].seconds == pytest.approx(took["ddp"], rel=0.15)
+    assert runs[1].seconds == pytest.approx(took["ab"], rel=0.15)
     sets = [x for s in committed["overrides"] for x in ("--set", s)]
-    args = ["--dry-run", "--methods", "ddp,ab", "--shape", "2x2=200mbit,none"]
+    args = ["--dry-run", "--methods", "ddp,ab", "--shape", "2x2=200mbit,none", "--no-matrix"]
     assert network.main(args + sets) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1].startswith("predicted wall time:") and len(lines) == 5
-    seconds = [float(x.split("~")[1].split()[0]) for x in lines[:2]]
-    assert seconds[0] == pytest.approx(took["ddp"], rel=0.15)
-    assert seconds[1] == pytest.approx(took["ab"], rel=0.15)
+    assert lines[0].startswith("[bench.network] 4 runs (") and len(lines) == 5
+    assert all(x.lstrip().startswith(f"run  {k} of 4") for k, x in enumerate(lines[1:], 1))
 
 
 def test_ab_phase_counts_used_by_the_check_come_from_the_schedule():
