@@ -258,6 +258,18 @@ def test_every_method_has_one_colour_and_one_marker_in_every_figure():
     assert sorted(spread.values()) == pytest.approx([-0.05, 0.0, 0.05])
 
 
+def test_the_log_x_template_is_the_template_with_a_log_x_axis(tmp_path):
+    """One template to edit: the committed log-x one is what `python -m pipeline.plots
+    --template` writes from curves_template.json, its x scale alone changed."""
+    from pipeline import plots
+
+    made = plots.log_x_template(ROOT / plots.TEMPLATE, tmp_path / "logx.json")
+    assert made.read_bytes() == (ROOT / plots.LOG_X_TEMPLATE).read_bytes()
+    base, logx = (json.loads((ROOT / f).read_text()) for f in plots.TEMPLATES)
+    assert logx["spec"]["encoding"]["x"].pop("scale") == {"type": "log"}
+    assert logx == base
+
+
 def png_text_chunks(path: Path) -> list[bytes]:
     data, i, found = path.read_bytes(), 8, []
     while i < len(data):
