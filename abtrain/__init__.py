@@ -9,7 +9,7 @@ The method in any training loop (see examples/ab_loop.py), no config file needed
         ...forward with net, backward, optimizer.step()...
     model = ab.finish()                             # merged, full rank
 
-`steps=N` alone takes the paper's guidelines (`abtrain.guidelines`: warm-up 20% of the
+`steps=N` alone takes the paper's guidelines (`abtrain.method.guidelines`: warm-up 20% of the
 steps, AB phases 3.33%, ...); any of them by keyword (`sigma_cutoff=0.3`), or a config:
 `abtrain.method_config(steps=N, ...)`, `abtrain.load_config("ab.yaml")`.
 """
@@ -17,9 +17,9 @@ steps, AB phases 3.33%, ...); any of them by keyword (`sigma_cutoff=0.3`), or a 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from abtrain.abtraining import ABTraining
     from abtrain.config import Config, ConfigError, MethodConfig
-    from abtrain.guidelines import load_config, method_config
+    from abtrain.method.abtraining import ABTraining
+    from abtrain.method.guidelines import load_config, method_config
 
 __all__ = ["ABTraining", "Config", "ConfigError", "MethodConfig", "load_config", "method_config"]
 
@@ -28,7 +28,7 @@ def __getattr__(name: str) -> Any:
     # torch loads only when the method is asked for: `python -m abtrain --help` and
     # `compare` stay quick
     if name == "ABTraining":
-        from abtrain.abtraining import ABTraining
+        from abtrain.method.abtraining import ABTraining
 
         return ABTraining
     if name in ("Config", "ConfigError", "MethodConfig"):
@@ -36,7 +36,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(config, name)
     if name in ("load_config", "method_config"):
-        from abtrain import guidelines
+        from abtrain.method import guidelines
 
         return getattr(guidelines, name)
     raise AttributeError(f"module 'abtrain' has no attribute {name!r}")

@@ -8,14 +8,14 @@ import os
 import signal
 import sys
 
-from abtrain import compare
-from abtrain.check import run_check
-from abtrain.cli import build_parser
+from abtrain.commands import compare
+from abtrain.commands.check import run_check
+from abtrain.commands.cli import build_parser
+from abtrain.commands.localrun import die_with_parent
+from abtrain.commands.preflight import check_batch, refuse_model
 from abtrain.config import ConfigError, load, one_line
-from abtrain.localrun import die_with_parent
-from abtrain.preflight import check_batch, refuse_model
 
-# abtrain.methods, .trainer and the data modules import torch: the commands that need them
+# abtrain.method.methods, .trainer and the data modules import torch: the commands that need them
 # import them where they do, so that `--help` and `compare` don't load torch.
 
 
@@ -24,11 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compare":
         return compare.run(args.runs)
     if args.command == "plan":
-        from abtrain import plan  # the time model: torch
+        from abtrain.commands import plan  # the time model: torch
 
         return plan.run(args)
 
-    from abtrain.methods import check_world
+    from abtrain.method.methods import check_world
 
     try:
         cfg = load(args.config, args.overrides)
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
             return _prepare(cfg)
         if args.command == "check":
             return run_check(cfg, args.config, args.world_size, args.ranks_per_node, args.layers)
-        from abtrain.process import Launch
+        from abtrain.distributed.process import Launch
 
         if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun: go when it goes
             die_with_parent(signal.SIGKILL)
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
 def _train(cfg, out: str, launch) -> int:
     import torch.distributed as dist
 
-    from abtrain.tracking import TrackingLost
-    from abtrain.trainer import StopForRequeue, Trainer
+    from abtrain.run.trainer import StopForRequeue, Trainer
+    from abtrain.tracking.tracker import TrackingLost
 
     try:
         summary = Trainer(cfg, out, launch).run()
@@ -96,8 +96,8 @@ def done_line(summary: dict, out: str) -> str:
 
 
 def _prepare(cfg) -> int:
-    from abtrain.prepare import prepare
-    from abtrain.sources import DataError
+    from abtrain.data.prepare import prepare
+    from abtrain.data.sources import DataError
 
     if cfg.data.name == "synthetic":
         print("data.name is synthetic: nothing to prepare")

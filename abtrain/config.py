@@ -4,7 +4,7 @@
 `params.yaml` (section `train`) and the schema has no defaults on purpose, so a missing key
 is an error rather than a silently different run. `MethodConfig` is the part the method
 itself reads (`ABTraining`: method, steps, seed, `ab`, `powersgd`, `dist`); a user's own loop
-gives it without a file through `abtrain.guidelines.method_config(steps=N, ...)`, which
+gives it without a file through `abtrain.method.guidelines.method_config(steps=N, ...)`, which
 fills what is not given with the paper's published guidelines. Validation happens before
 any process group exists, and every error names the offending key.
 """
@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from abtrain.errors import ConfigError
-from abtrain.modelspec import split_spec
+from abtrain.modelspec import check_timm_arch, split_spec
 
 Method = Literal["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd", "ab_powersgd"]
 AB_METHODS = ("ab", "ab_nogroups", "ab_individual", "ab_powersgd")  # for validation here
@@ -84,8 +84,6 @@ class TimmModel(_Model):
     @classmethod
     def _known(cls, arch: str) -> str:
         # here rather than on every rank inside the run: a typo fails before anything starts
-        from abtrain.models.factory import check_timm_arch
-
         check_timm_arch(arch)
         return arch
 
@@ -116,6 +114,13 @@ class PythonModel(_Model):
 
 
 ModelConfig = Annotated[MLPModel | TimmModel | PythonModel, Field(discriminator="name")]
+
+
+def comparison_point(model: str, data: str, nodes: int, ranks_per_node: int, batch: int) -> str:
+    """The one answer to "is this DDP run the baseline of that run?": it is when both give
+    the same point, the same model (`model_label`) and data on the same nodes × ranks per
+    node with the same batch per rank. `compare`, the report and MLflow all ask it here."""
+    return f"{model} on {data}: {nodes}x{ranks_per_node}, {batch}/rank"
 
 
 def model_label(model: ModelConfig | Mapping[str, Any]) -> str:
@@ -216,7 +221,7 @@ class OptimConfig(_Section):
     # abtrain: a linear warm-up from lr/(W+1), then cosine to min_lr. authors: timm's
     # CosineLRScheduler as the authors' trainer ran it: its first step at the peak lr (the
     # scheduler is built before their trainer replaces the optimizer's param groups), then
-    # a warm-up from min_lr and the cosine (abtrain.schedule.scheduled_lr)
+    # a warm-up from min_lr and the cosine (abtrain.method.schedule.scheduled_lr)
     schedule: Literal["abtrain", "authors"]
 
 
@@ -229,7 +234,7 @@ class ABConfig(_Section):
     phase_rule: Literal["algorithm1", "authors"]
     lr_rebound_steps: int = Field(ge=0)
     # abtrain: the scheduled LR times a ramp (i+1)/(N+1) after each change; authors: their
-    # min(scheduled, f·i), f = (the LR at the change - min_lr)/N (abtrain.schedule)
+    # min(scheduled, f·i), f = (the LR at the change - min_lr)/N (abtrain.method.schedule)
     lr_rebound: Literal["abtrain", "authors"]
     sigma_cutoff: float = Field(gt=0, lt=1)
     # true: A = UΣ^½, B = Σ^½Vᵀ; false: the trained factor takes Σ (the authors' "no
@@ -255,7 +260,7 @@ class DistConfig(_Section):
     backend: Literal["auto", "gloo", "nccl"]
     timeout_s: int = Field(gt=0)
     bucket_cap_mb: float = Field(gt=0)
-    # BatchNorm's batch statistics (abtrain.batchnorm). local: each rank's own, as
+    # BatchNorm's batch statistics (abtrain.distributed.batchnorm). local: each rank's own, as
     # torchvision's BatchNorm. group: over the phase's DDP group with all-reduces, so an AB
     # phase keeps its promise of no traffic across groups. world: as the authors' runs
     # (torch's SyncBatchNorm over the world): the statistics all-gathered from every rank
@@ -275,7 +280,7 @@ class EarlyStop(_Section):
 class MethodConfig(_Section):
     """What the method reads (`ABTraining`): which method, how long, its seed and knobs.
 
-    Built from a file or a mapping with every key, or by `abtrain.guidelines.method_config`
+    Built from a file or a mapping with every key, or by `abtrain.method.guidelines.method_config`
     from the paper's guidelines and a few keywords."""
 
     method: Method
@@ -455,7 +460,7 @@ def validate(cls: type[MethodConfig], raw: dict[str, Any]) -> Any:
 def load(path: str | Path, overrides: list[str] = (), section: str = "train") -> Config:
     """Read a whole run's config file, every key required. A file with a top-level `section`
     (params.yaml) is read from it. (A file of the method's keys alone:
-    `abtrain.guidelines.load_config`.)"""
+    `abtrain.method.guidelines.load_config`.)"""
     path = Path(path)
     raw = read_mapping(path, section)
     try:

@@ -7,6 +7,7 @@ benchmarks is written through here, so a crash or a full disk never leaves half 
 from __future__ import annotations
 
 import errno
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,14 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """`atomic_write_bytes` of `text` in UTF-8."""
     atomic_write_bytes(path, text.encode())
+
+
+def write_record(
+    path: str | Path, record: Any, *, indent: int | None = 2, end: str = "", **dumps: Any
+) -> None:
+    """`record` as JSON, written atomically: the twin of `read_record`. `end` follows the
+    JSON ("\\n" for a file people read and diff), `dumps` goes to json.dumps."""
+    atomic_write_text(path, json.dumps(record, indent=indent, **dumps) + end)
 
 
 def append_lines(path: Path, lines: list[str], header: str | None = None) -> None:

@@ -1,5 +1,5 @@
 """`python -m abtrain.launch --nnodes N --nproc-per-node R ARGS`: `python -m abtrain ARGS`
-on N "nodes" of this machine, one torchrun each (abtrain.localrun), as a cluster would.
+on N "nodes" of this machine, one torchrun each (abtrain.commands.localrun), as a cluster would.
 Its own bad arguments are one line and exit code 2, as the run's refusals are."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 import sys
 import typing
 
-from abtrain.localrun import run_local
+from abtrain.commands.localrun import run_local
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import subprocess
 import sys
 import tempfile
@@ -24,8 +23,9 @@ from pathlib import Path
 
 import torch
 
-from abtrain import checkpointer, config, models
-from abtrain.files import atomic_write_text
+from abtrain import config, models
+from abtrain.files import write_record
+from abtrain.run import checkpointer
 
 RESULTS = Path("bench/results")
 SETTINGS = [
@@ -127,7 +127,7 @@ def main() -> int:
         steps=[a.steps, 2 * a.steps],
         rows=rows,
     )
-    atomic_write_text(a.out, json.dumps(result, indent=2) + "\n")
+    write_record(a.out, result, end="\n")
     return 0
 
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import socket
 import statistics
 import sys
 import time
@@ -31,18 +29,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
 
-from abtrain import config, footprint, groups, lowrank, models, sync
-from abtrain.files import atomic_write_text
-from abtrain.ledger import Ledger
+from abtrain import config, models
+from abtrain.commands.localrun import free_port
+from abtrain.distributed import groups
+from abtrain.distributed.ledger import Ledger
+from abtrain.files import write_record
+from abtrain.method import lowrank, sync
 from abtrain.models.init import ortho_sigma_
+from abtrain.predict import footprint
 
 PAPER = Path("profiles/paper.yaml")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _timed(fn, device: torch.device) -> float:
@@ -98,7 +94,7 @@ def measure(batch: int, steps: int) -> dict[str, Any]:
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     dist.init_process_group(
-        "nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        "nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     raw = yaml.safe_load(PAPER.read_text())["train"]
     cfg = config.from_dict(raw, ["method=ab", f"batch_size={batch}", "model.init=default"])
@@ -131,13 +127,15 @@ def measure(batch: int, steps: int) -> dict[str, Any]:
 
     # factorise every layer (SVD in float32 on the GPU); cutoff 0.15 keeps full rank here
     role = "a"
-    svd = [_timed(lambda: sync.factorize(layers, cfg.ab.sigma_cutoff, role, ledger), device)]
-    svd += [_timed(lambda: sync.factorize(layers, cfg.ab.sigma_cutoff, role, ledger), device)]
+    svd = [_timed(lambda: sync.factorize_layers(layers, cfg.ab.sigma_cutoff, role, ledger), device)]
+    svd += [
+        _timed(lambda: sync.factorize_layers(layers, cfg.ab.sigma_cutoff, role, ledger), device)
+    ]
     out["factorize"] = dict(
         layers=len(layers), seconds=svd[-1], first_seconds=svd[0], keep=1.0, role=role
     )
     ab = groups.ABGroups(
-        plan=[([0], "a"), ([], "b")],  # two groups: the with_stale sync, not the single path
+        roles=[([0], "a"), ([], "b")],  # two groups: the with_stale sync, not the single path
         role=role,
         group=dist.group.WORLD,
         a_ranks=[0],
@@ -209,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             "(world size 1: local cost only)"
         )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(result, indent=2))
+    write_record(args.out, result)
     return 0
 
 

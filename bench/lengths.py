@@ -36,8 +36,8 @@ from abtrain.files import read_record
 from bench import study
 from bench.network import step_times
 from bench.study import Run
-from pipeline.common import parser, stage
 from pipeline.report.markdown import DASH, pm, table
+from pipeline.stage import parser, stage
 
 # 1 to 16 epochs spans the 16x the question needs; with the four methods it fits ~2.1 h of 2
 # cores (2 to 32 epochs would take ~5 h).
@@ -53,7 +53,7 @@ RATES = ("50mbit", "200mbit", "1gbit", None)  # bench.network's links, for the t
 
 
 # ---------------------------------------------------------------- the plan
-def plan(
+def list_runs(
     p: dict[str, Any],
     best: dict[str, Any] | None,
     lengths: tuple[int, ...],
@@ -65,7 +65,7 @@ def plan(
     """Every run of the study, in the order it trains, each the profile's run of its
     method at `shape` (nodes, ranks per node); run["epochs"], ["seed"], ["method"] and
     ["matrix"] (its run of experiments.runs)."""
-    from pipeline.common import run_of, run_overrides
+    from pipeline.matrix import run_of, run_overrides
 
     out = []
     for epochs, count in zip(lengths, seeds):
@@ -214,10 +214,10 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def time_to_target(rows: list[dict[str, Any]], epochs: int, runs: list[Run]) -> dict | None:
     """At `epochs` (first seed's runs): the target, the lowest best top-1 smoothed as
     bench.rates smooths it, and each method's predicted seconds to it over each of the
-    benchmark's links (abtrain.timing.ToTarget, the project's one time model; these runs
+    benchmark's links (abtrain.predict.timing.ToTarget, the project's one time model; these runs
     ran over loopback, the unshaped link)."""
     from abtrain import config as abconfig
-    from abtrain.timing import ToTarget
+    from abtrain.predict.timing import ToTarget
     from bench.paper_scale import rate_bytes_per_s
     from bench.rates import best, reach
 
@@ -257,7 +257,7 @@ def timed_together(
 
 
 def classes(cfg: Any) -> int:
-    from abtrain.preflight import data_classes
+    from abtrain.commands.preflight import data_classes
 
     return data_classes(cfg)[0]
 
@@ -331,18 +331,18 @@ def verdict(summary: list[dict[str, Any]]) -> str:
 
 def add_decay(summary: list[dict[str, Any]], p: dict[str, Any], shape: tuple[int, int]) -> None:
     """Each length's AB run: its weight decay, cutoff and what decay alone leaves of a
-    singular value over it (abtrain.schedule.decay_left), from params.yaml and the search's
+    singular value over it (abtrain.method.schedule.decay_left), from params.yaml and the search's
     committed best, as the study's runs were made."""
     from abtrain import config as abconfig
-    from abtrain.schedule import decay_left
-    from pipeline.common import best_config
+    from abtrain.method.schedule import decay_left
+    from pipeline.matrix import best_config
 
     best = best_config(p)
     for s in summary:
         ab = s["methods"].get("ab")
         if not ab:
             continue
-        run = plan(p, best, (s["epochs"],), (1,), ("ab",), RUNS_DIR, shape)[0]
+        run = list_runs(p, best, (s["epochs"],), (1,), ("ab",), RUNS_DIR, shape)[0]
         cfg = abconfig.from_dict(p["train"], run.sets)
         ab.update(
             weight_decay=cfg.optim.weight_decay,
@@ -491,7 +491,7 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [
             "",
             f"Time to {tt['target_top1']:.2f}% top-1 at {tt['epochs']} epochs (seed "
-            f"{tt['seed']}), predicted by the time model (`abtrain.timing.ToTarget`) over the "
+            f"{tt['seed']}), predicted by the time model (`abtrain.predict.timing.ToTarget`) over the "
             "network benchmark's links, seconds:",
             "",
             *table(
@@ -546,10 +546,10 @@ class Lengths(study.Study):
     def __post_init__(self) -> None:
         self.rows = recorded(self.out, self.p, self.shape)  # the committed study's, by key
 
-    def plan(self) -> list[Run]:
-        from pipeline.common import best_config
+    def runs(self) -> list[Run]:
+        from pipeline.matrix import best_config
 
-        runs = plan(
+        runs = list_runs(
             self.p, best_config(self.p), self.lengths, self.seeds, self.methods,
             self.runs_dir, self.shape,
         )  # fmt: skip
@@ -615,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         nodes, per_node = (int(x) for x in a.shape.split("x"))
     except ValueError:
         ap.error(f"--shape {a.shape}: give nodes x ranks per node, e.g. 2x2")
-    from pipeline.common import params
+    from pipeline.stage import params
 
     lengths = Lengths(
         a.out, study.shown("bench.lengths", argv), params(), tuple(a.epochs), tuple(a.seeds),

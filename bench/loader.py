@@ -4,7 +4,7 @@ share of a training step spent waiting for data.
     python -m bench.loader [--images 2000 --workers 2 --out bench/results/loader.json]
 
 Generates (once, under --data) an ImageFolder tree of photo-like ~500x375 JPEGs, prepares it
-through `abtrain.prepare.prepare`, then measures
+through `abtrain.data.prepare.prepare`, then measures
   (a) images/s of `ImageTask.train_batches` (RandomResizedCrop + flip + normalise),
   (b) images/s of torchvision's ImageFolder + DataLoader with the same workers, batch,
       prefetch and transforms, rounds alternating with (a) on this shared machine,
@@ -34,10 +34,10 @@ import torch
 from PIL import Image
 
 from abtrain import config as abconfig
-from abtrain.files import atomic_write_text
-from abtrain.loader import CROP_RATIO, CROP_SCALE, PREFETCH, StepSampler, _init_worker
-from abtrain.prepare import IMAGENET_STATS, prepare
-from abtrain.tasks import ImageTask, make_task
+from abtrain.data.datasets import ImageTask, make_task
+from abtrain.data.loader import CROP_RATIO, CROP_SCALE, PREFETCH, StepSampler, _init_worker
+from abtrain.data.prepare import IMAGENET_STATS, prepare
+from abtrain.files import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -285,7 +285,7 @@ def machine() -> dict[str, Any]:
 
 def write_json(path: Path, obj: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+    write_record(path, obj, end="\n")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -42,11 +42,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from abtrain import config as abconfig
-from abtrain.files import atomic_write_text, read_record
+from abtrain.files import read_record, write_record
 from bench import study
 from bench.cluster import Cluster, tbf_burst
 from bench.rates import RESULTS, MixedOverrides, Rates, best, normalised, reach, result_name
-from pipeline.common import BENCHMARK_SETS, last_of_each_key, matrix_sets, parser, stage
+from pipeline.matrix import BENCHMARK_SETS, last_of_each_key, matrix_sets
+from pipeline.stage import parser, stage
 
 WORK = Path("runs/bench")
 DEFAULT_METHODS = ("ddp", "ab", "powersgd", "ab_powersgd")
@@ -70,7 +71,7 @@ class Network(Rates):
     basis: ClassVar[str] = "the time model with the committed unshaped 2x2 runs' step times"
 
     # ------------------------------------------------------------ plan
-    def plan(self) -> list[study.Run]:
+    def runs(self) -> list[study.Run]:
         keys = [
             (n, r, rate, m) for n, r, rates in self.shapes for rate in rates for m in self.methods
         ]
@@ -120,8 +121,8 @@ class Network(Rates):
         each where no committed run says how long a step takes."""
         import yaml
 
-        from abtrain.timing import predict
-        from abtrain.traffic import count_evaluations
+        from abtrain.predict.timing import predict
+        from abtrain.predict.traffic import count_evaluations
         from bench.paper_scale import rate_bytes_per_s
 
         try:
@@ -177,7 +178,7 @@ class Network(Rates):
             raise RuntimeError(f"{run.name}: exit codes {codes}; see {', '.join(map(str, logs))}")
         iface = [{k: after[i][k] - before[i][k] for k in ("tx", "rx")} for i in range(n)]
         measured = dict(sets=run.sets, wall_seconds=wall, interface_bytes_by_node=iface)
-        atomic_write_text(run.folder / MEASURED, json.dumps(measured, indent=2) + "\n")
+        write_record(run.folder / MEASURED, measured, end="\n")
         got = self.result(run)
         self.say(f"{run.name}: {wall:.0f} s, best top-1 {got['val_top1']['best']:.2f}%")
 
@@ -301,7 +302,7 @@ class Network(Rates):
             r["steps_to_target"] = got and got["step"]
             r["seconds_to_target"] = got and got["seconds"]
         try:
-            from abtrain.preflight import data_classes
+            from abtrain.commands.preflight import data_classes
 
             cfg = abconfig.load(self.config, self.sets)
             classes: int | None = data_classes(cfg)[0]
@@ -323,7 +324,7 @@ class Network(Rates):
         )
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / f"{result_name(nodes, ranks, rate)}.json"
-        atomic_write_text(path, json.dumps(record, indent=2))
+        write_record(path, record)
         print(rate_table(record), flush=True)
 
 
@@ -371,7 +372,7 @@ def step_times(out: Path) -> dict[str, float]:
 # ---------------------------------------------------------------- the command line
 def in_matrix(params: dict[str, Any], nodes: int, ranks: int, methods: list[str]) -> list[str]:
     """`methods`, and the benchmark's default methods the matrix has a run of there."""
-    from pipeline.common import run_of
+    from pipeline.matrix import run_of
 
     out = list(methods)
     for m in DEFAULT_METHODS:

@@ -1,7 +1,7 @@
 """The paper's scale on paper: predicted inter-node bytes per rank per step for the paper
 profile's ViT-B/16 and ResNet-50 runs at 2-32 nodes, beside the paper's Table 1; and for
 every run of the matrix what it keeps: memory per GPU, checkpoint bytes and disk, ledger
-and log records (`abtrain.footprint.footprint`).
+and log records (`abtrain.predict.footprint.footprint`).
 
     python -m bench.paper_scale [--out FILE]   # writes bench/results/paper_scale.json, prints tables
 
@@ -22,13 +22,14 @@ from pathlib import Path
 import yaml
 
 from abtrain import config as abconfig
-from abtrain.files import atomic_write_text, read_record
-from abtrain.footprint import footprint
-from abtrain.methods import kind
+from abtrain.files import read_record, write_record
+from abtrain.method.methods import kind
 from abtrain.models import label as model_label
-from abtrain.timing import predict, step_flops, timing
-from abtrain.traffic import Plan, buffer_broadcast, plan
-from pipeline.common import base_config, run_overrides, runs, stage
+from abtrain.predict.footprint import footprint
+from abtrain.predict.timing import predict, step_flops, timing
+from abtrain.predict.traffic import Estimate, buffer_broadcast, estimate
+from pipeline.matrix import base_config, run_overrides, runs
+from pipeline.stage import stage
 
 IMAGENET_TRAIN = 1_281_167
 PAPER = Path("profiles/paper.yaml")
@@ -57,7 +58,7 @@ def rate_bytes_per_s(rate: str) -> float | None:
     return float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8 if m else None
 
 
-def parts(ab: Plan, ddp: Plan) -> dict[str, float]:
+def parts(ab: Estimate, ddp: Estimate) -> dict[str, float]:
     total = ddp.inter_bytes
     full = sum(ab.steps[k] * ab.step_bytes[k] for k in ("warmup", "rebound"))
     other = sum(v for k, v in ab.event_bytes.items() if k != "sync")
@@ -105,7 +106,7 @@ def paper_rates(
             flops = step_flops(cfg, 1000)
             seconds = flops / (A100_BF16_FLOPS * UTILISATION)
             t = timing(
-                plan(cfg, r.nodes, r.ranks_per_node, 1000),
+                estimate(cfg, r.nodes, r.ranks_per_node, 1000),
                 r.ranks_per_node,
                 {"full": seconds},
                 LINK_BYTES_PER_S,
@@ -116,8 +117,8 @@ def paper_rates(
                 gb_per_s=t.gb_per_s,
                 step_seconds=t.mean_step_seconds,
                 compute_seconds=seconds,
-                bytes_per_step=t.plan.per_step,
-                plan=t.plan,
+                bytes_per_step=t.traffic.per_step,
+                traffic=t.traffic,
             )
         before = rates[name, "group"], rates[base, "group"]
         cfg = rates[name]["cfg"]  # the profile's own run, not the group-BN variant
@@ -157,7 +158,7 @@ def paper_rates(
                 bytes_ratio_group_bn=before[0]["bytes_per_step"] / before[1]["bytes_per_step"],
                 rate_ratio_group_bn=before[0]["gb_per_s"] / before[1]["gb_per_s"],
                 # AB's bytes over DDP's, by where AB sends them (each over DDP's total)
-                **parts(rates[name]["plan"], rates[base]["plan"]),
+                **parts(rates[name]["traffic"], rates[base]["traffic"]),
                 paper_ddp_gb_per_s=pb or None,
                 paper_ab_gb_per_s=paper[f"{run.batch}_ab"] if pb else None,
                 paper_ratio=pr,
@@ -180,7 +181,7 @@ def ratio_band(ab: dict, ddp: dict, ranks_per_node: int) -> list[dict]:
             link = ports * LINK_BYTES_PER_S
             gb = [
                 timing(
-                    r["plan"], ranks_per_node, {"full": r["flops"] / (A100_BF16_FLOPS * u)}, link
+                    r["traffic"], ranks_per_node, {"full": r["flops"] / (A100_BF16_FLOPS * u)}, link
                 ).gb_per_s
                 for r in (ab, ddp)
             ]
@@ -198,7 +199,7 @@ def ratio_band(ab: dict, ddp: dict, ranks_per_node: int) -> list[dict]:
     return out
 
 
-def measured_mean(pl: Plan, step_seconds: dict[str, float]) -> float:
+def measured_mean(pl: Estimate, step_seconds: dict[str, float]) -> float:
     """Mean seconds per step of a run from its per-phase means (each phase's measured step
     seconds hold the syncs that fall in its steps)."""
     if set(step_seconds) == {"full"}:  # one phase: every step (PowerSGD's first ones too)
@@ -234,7 +235,7 @@ def network_check(params: dict) -> list[dict]:
             # the time model `abtrain plan` and bench.rates use; the unshaped steps hold the
             # syncs' local work already (no 'sync' entry): the link adds their bytes' time
             t = predict(cfg, bench["nodes"], bench["ranks_per_node"], 10, free_seconds, link)
-            measured = measured_mean(t.plan, r["step_seconds"])
+            measured = measured_mean(t.traffic, r["step_seconds"])
             out.append(
                 dict(
                     method=r["method"],
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cfg = abconfig.from_dict(p["train"], run_overrides(p, run, None, size=IMAGENET_TRAIN))
         for keep in (1.0, 0.5):
-            pl = plan(cfg, run.nodes, run.ranks_per_node, classes=1000, keep=keep)
+            pl = estimate(cfg, run.nodes, run.ranks_per_node, classes=1000, keep=keep)
             rows.append(
                 dict(
                     run=name,
@@ -347,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         network_check=check,
         footprint=kept,
     )
-    atomic_write_text(a.out, json.dumps(result, indent=2) + "\n")
+    write_record(a.out, result, end="\n")
     print(
         f"{'model':<6}{'nodes':>6}{'batch':>7}{'keep':>6}{'ddp MB/step':>13}"
         f"{'ab MB/step':>12}{'ab/ddp':>8}{'paper':>7}"

@@ -44,10 +44,10 @@ import yaml
 
 from abtrain import config as abconfig
 from abtrain.files import read_record
-from abtrain.timing import MODEL_ERROR, ToTarget
+from abtrain.predict.timing import MODEL_ERROR, ToTarget
 from bench import study
 from bench.paper_scale import measured_mean, rate_bytes_per_s
-from pipeline.common import parser, stage
+from pipeline.stage import parser, stage
 
 RESULTS = Path("bench/results")
 BASE_SHAPE = (2, 2)  # its per-rate files keep the plain name network-<rate>.json
@@ -218,7 +218,7 @@ def _cfg(params: dict, bench: dict, method: str) -> abconfig.Config:
 
 
 def time_model(params: dict, bench: dict, free: dict, method: str, target_step: float) -> ToTarget:
-    """One method's time to target at one shape, for any link (abtrain.timing.ToTarget)."""
+    """One method's time to target at one shape, for any link (abtrain.predict.timing.ToTarget)."""
     classes = bench.get("classes") or CLASSES  # None: written where data wasn't prepared
     cfg = _cfg(params, bench, method)
     return ToTarget(cfg, bench["nodes"], bench["ranks_per_node"], classes, free, target_step)
@@ -257,7 +257,7 @@ def _crossings(models: dict[str, ToTarget]) -> list[dict[str, Any]]:
 
 def contradicted(pair: list[str], rates: list[dict[str, Any]]) -> list[str]:
     """The measured rates at which the pair's measured order to the target is not the
-    model's, by more than the model's error (abtrain.plan.MODEL_ERROR: two methods measured
+    model's, by more than the model's error (abtrain.commands.plan.MODEL_ERROR: two methods measured
     closer than that are a tie the model need not order): a crossover of the pair drawn
     there would claim what was measured otherwise."""
     a, b = pair
@@ -285,112 +285,137 @@ def analyse(params: dict, files: list[dict[str, Any]]) -> dict[str, Any]:
     unshaped = {k: next((d for d in v if d["rate"] == "unshaped"), None) for k, v in shapes.items()}
     out_shapes, check = [], []
     for (nodes, ranks), benches in sorted(shapes.items()):
-        world = nodes * ranks
-        free_bench = unshaped[(nodes, ranks)] or next(
-            (u for (n, r), u in unshaped.items() if u and n * r == world), None
-        )
-        free = {r["method"]: r for r in free_bench["results"]} if free_bench else {}
-        target = min(best(r["evals"]) for d in benches for r in d["results"])
-        own_free = unshaped[(nodes, ranks)]
-        steps_from = {r["method"]: r for r in own_free["results"]} if own_free else {}
-        models: dict[str, ToTarget] = {}
-        rates = []
-        for d in sorted(benches, key=lambda d: -(rate_bytes_per_s(d["rate"]) or math.inf)):
-            link = rate_bytes_per_s(d["rate"])
-            rows = []
-            for r in d["results"]:
-                m = r["method"]
-                got = reach(r["evals"], target)
-                row = dict(
-                    method=m,
-                    best_smoothed_top1=best(r["evals"]),
-                    steps_to_target=got and got["step"],
-                    seconds_to_target=got and got["seconds"],
-                    wall_seconds=r["wall_seconds"],
-                    measured_step_seconds=None,
-                    predicted_step_seconds=None,
-                    predicted_seconds_to_target=None,
-                )
-                source = steps_from.get(m, r)
-                step = reach(source["evals"], target)
-                if m in free and step:
-                    if m not in models:
-                        models[m] = time_model(params, d, free[m], m, step["step"])
-                    model = models[m]
-                    row["measured_step_seconds"] = measured_mean(model.full, r["step_seconds"])
-                    row["predicted_step_seconds"] = model.step_seconds(link)
-                    row["step_error"] = (
-                        row["predicted_step_seconds"] / row["measured_step_seconds"] - 1
-                    )
-                    row["predicted_seconds_to_target"] = model.seconds(link)
-                rows.append(row)
-            reached = [x for x in rows if x["seconds_to_target"] is not None]
-            fastest = min(reached, key=lambda x: x["seconds_to_target"])["method"]
-            predicted = [x for x in rows if x["predicted_seconds_to_target"] is not None]
-            guess = (
-                min(predicted, key=lambda x: x["predicted_seconds_to_target"])["method"]
-                if predicted
-                else None
-            )
-            ordered = sorted(x["seconds_to_target"] for x in reached)
-            took = {x["method"]: x["seconds_to_target"] for x in reached}
-            # the model's pick is right if it was first, or measured within the model's
-            # error of the first (a tie it need not break)
-            matches = guess == fastest or (
-                guess in took and took[guess] / took[fastest] - 1 < MODEL_ERROR
-            )
-            rates.append(
-                dict(
-                    rate=d["rate"],
-                    link_bytes_per_s=link,
-                    methods=rows,
-                    fastest=fastest,
-                    predicted_fastest=guess,
-                    fastest_margin=ordered[1] / ordered[0] - 1 if len(ordered) > 1 else None,
-                )
-            )
-            for x in rows:
-                if x["predicted_step_seconds"] is not None:
-                    check.append(
-                        dict(
-                            nodes=nodes,
-                            ranks_per_node=ranks,
-                            rate=d["rate"],
-                            method=x["method"],
-                            measured_step_seconds=x["measured_step_seconds"],
-                            predicted_step_seconds=x["predicted_step_seconds"],
-                            step_error=x["step_error"],
-                            seconds_to_target=x["seconds_to_target"],
-                            predicted_seconds_to_target=x["predicted_seconds_to_target"],
-                            fastest=fastest,
-                            predicted_fastest=guess,
-                            recommendation_matches=matches,
-                        )
-                    )
-        out_shapes.append(
-            dict(
-                nodes=nodes,
-                ranks_per_node=ranks,
-                target_top1=target,
-                compute_from=f"{free_bench['nodes']}x{free_bench['ranks_per_node']} unshaped"
-                if free_bench
-                else None,
-                rates=rates,
-                crossovers=[
-                    {**c, "contradicted_by": contradicted(c["methods"], rates)}
-                    for c in _crossings(models)
-                ],
-                model_curves={
-                    m: [
-                        (x * 8 / 1e6, mod.seconds(x))
-                        for x in (GRID[0] * (GRID[1] / GRID[0]) ** (i / 60) for i in range(61))
-                    ]
-                    + [(None, mod.seconds(None))]  # unshaped
-                    for m, mod in models.items()
-                },
-            )
-        )
+        shape = shape_summary(params, nodes, ranks, benches, unshaped)
+        out_shapes.append(shape)
+        check += [row for r in shape["rates"] for row in check_rows(nodes, ranks, r)]
     return dict(rules=RULES, shapes=out_shapes, check=check)
+
+
+def shape_summary(
+    params: dict,
+    nodes: int,
+    ranks: int,
+    benches: list[dict[str, Any]],
+    unshaped: dict[tuple[int, int], dict | None],
+) -> dict[str, Any]:
+    """One shape: its target (the lowest best of its runs), each rate's times, the time
+    model's crossovers and curves. The model's compute comes from the shape's unshaped runs
+    (else another shape's of the same world size)."""
+    world = nodes * ranks
+    free_bench = unshaped[(nodes, ranks)] or next(
+        (u for (n, r), u in unshaped.items() if u and n * r == world), None
+    )
+    free = {r["method"]: r for r in free_bench["results"]} if free_bench else {}
+    target = min(best(r["evals"]) for d in benches for r in d["results"])
+    own_free = unshaped[(nodes, ranks)]
+    steps_from = {r["method"]: r for r in own_free["results"]} if own_free else {}
+    models: dict[str, ToTarget] = {}
+    rates = [
+        rate_summary(params, d, target, free, steps_from, models)
+        for d in sorted(benches, key=lambda d: -(rate_bytes_per_s(d["rate"]) or math.inf))
+    ]
+    return dict(
+        nodes=nodes,
+        ranks_per_node=ranks,
+        target_top1=target,
+        compute_from=f"{free_bench['nodes']}x{free_bench['ranks_per_node']} unshaped"
+        if free_bench
+        else None,
+        rates=rates,
+        crossovers=[
+            {**c, "contradicted_by": contradicted(c["methods"], rates)} for c in _crossings(models)
+        ],
+        model_curves={m: model_curve(mod) for m, mod in models.items()},
+    )
+
+
+def rate_summary(
+    params: dict,
+    d: dict[str, Any],
+    target: float,
+    free: dict[str, dict],
+    steps_from: dict[str, dict],
+    models: dict[str, ToTarget],
+) -> dict[str, Any]:
+    """One rate of a shape: each method's measured and predicted times to the target, the
+    fastest measured and the model's pick. `models` gains each method's time model."""
+    link = rate_bytes_per_s(d["rate"])
+    rows = []
+    for r in d["results"]:
+        m = r["method"]
+        got = reach(r["evals"], target)
+        row = dict(
+            method=m,
+            best_smoothed_top1=best(r["evals"]),
+            steps_to_target=got and got["step"],
+            seconds_to_target=got and got["seconds"],
+            wall_seconds=r["wall_seconds"],
+            measured_step_seconds=None,
+            predicted_step_seconds=None,
+            predicted_seconds_to_target=None,
+        )
+        step = reach(steps_from.get(m, r)["evals"], target)
+        if m in free and step:
+            if m not in models:
+                models[m] = time_model(params, d, free[m], m, step["step"])
+            model = models[m]
+            row["measured_step_seconds"] = measured_mean(model.full, r["step_seconds"])
+            row["predicted_step_seconds"] = model.step_seconds(link)
+            row["step_error"] = row["predicted_step_seconds"] / row["measured_step_seconds"] - 1
+            row["predicted_seconds_to_target"] = model.seconds(link)
+        rows.append(row)
+    reached = [x for x in rows if x["seconds_to_target"] is not None]
+    fastest = min(reached, key=lambda x: x["seconds_to_target"])["method"]
+    predicted = [x for x in rows if x["predicted_seconds_to_target"] is not None]
+    guess = (
+        min(predicted, key=lambda x: x["predicted_seconds_to_target"])["method"]
+        if predicted
+        else None
+    )
+    ordered = sorted(x["seconds_to_target"] for x in reached)
+    return dict(
+        rate=d["rate"],
+        link_bytes_per_s=link,
+        methods=rows,
+        fastest=fastest,
+        predicted_fastest=guess,
+        fastest_margin=ordered[1] / ordered[0] - 1 if len(ordered) > 1 else None,
+    )
+
+
+def check_rows(nodes: int, ranks: int, rate: dict[str, Any]) -> list[dict[str, Any]]:
+    """The time model against the measurement at one rate, a row per method it predicts.
+    The model's pick is right if it was first, or measured within the model's error of the
+    first (a tie it need not break)."""
+    fastest, guess = rate["fastest"], rate["predicted_fastest"]
+    took = {x["method"]: x["seconds_to_target"] for x in rate["methods"]}
+    took = {m: s for m, s in took.items() if s is not None}
+    matches = guess == fastest or (guess in took and took[guess] / took[fastest] - 1 < MODEL_ERROR)
+    return [
+        dict(
+            nodes=nodes,
+            ranks_per_node=ranks,
+            rate=rate["rate"],
+            method=x["method"],
+            measured_step_seconds=x["measured_step_seconds"],
+            predicted_step_seconds=x["predicted_step_seconds"],
+            step_error=x["step_error"],
+            seconds_to_target=x["seconds_to_target"],
+            predicted_seconds_to_target=x["predicted_seconds_to_target"],
+            fastest=fastest,
+            predicted_fastest=guess,
+            recommendation_matches=matches,
+        )
+        for x in rate["methods"]
+        if x["predicted_step_seconds"] is not None
+    ]
+
+
+def model_curve(model: ToTarget) -> list[tuple[float | None, float]]:
+    """The time model's seconds to the target over the grid of link rates (Mbit/s), and
+    unshaped (None) last."""
+    rates = (GRID[0] * (GRID[1] / GRID[0]) ** (i / 60) for i in range(61))
+    return [(x * 8 / 1e6, model.seconds(x)) for x in rates] + [(None, model.seconds(None))]
 
 
 def summarise(

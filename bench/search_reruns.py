@@ -31,8 +31,8 @@ from abtrain.files import read_record, read_record_rows
 from bench import study
 from bench.seeds import spread  # n, mean, min, max, range, std (n − 1)
 from bench.study import Run
-from pipeline.common import parser, stage
 from pipeline.report.markdown import fmt, table
+from pipeline.stage import parser, stage
 
 RUNS = ("ddp-2x2", "ab-2x2")  # the baseline first
 RUNS_DIR = Path("runs/search-reruns")
@@ -41,10 +41,11 @@ SEEDS = Path("reports/seeds-best-ab/seeds.json")  # the same pair over seeds, fo
 
 
 # ---------------------------------------------------------------- the plan
-def plan(p: dict[str, Any], names: tuple[str, ...], reruns: int, runs_dir: Path) -> list[Run]:
+def list_runs(p: dict[str, Any], names: tuple[str, ...], reruns: int, runs_dir: Path) -> list[Run]:
     """Search by search, each followed by the runs trained from its best: a study cut
     short keeps whole rows. Estimates: the committed search's and runs' own times."""
-    from pipeline.common import SEARCHES, run_overrides, runs
+    from pipeline.matrix import run_overrides, runs
+    from pipeline.stage import SEARCHES
 
     matrix, backend = runs(p), p["search"]["backend"]
     evaluations = SEARCHES / backend / "evaluations.jsonl"
@@ -115,7 +116,7 @@ def summary_of(path: Path, name: str) -> dict[str, Any]:
 
 
 def collect(names: tuple[str, ...], reruns: int, runs_dir: Path) -> list[dict[str, Any]]:
-    from pipeline.common import SEARCHES, params
+    from pipeline.stage import SEARCHES, params
 
     backend = params()["search"]["backend"]
     rows = []
@@ -241,14 +242,14 @@ class Reruns(study.Study):
     reruns: int = 3
     runs_dir: Path = RUNS_DIR
 
-    def plan(self) -> list[Run]:
-        from pipeline.common import params
+    def runs(self) -> list[Run]:
+        from pipeline.stage import params
 
-        return plan(params(), self.names, self.reruns, self.runs_dir)
+        return list_runs(params(), self.names, self.reruns, self.runs_dir)
 
     def aggregate(self, runs: list[Run]) -> dict[str, Any]:
         """From the plan's folders and the pipeline's own record (`collect` finds them)."""
-        from pipeline.common import params
+        from pipeline.stage import params
 
         rows = collect(self.names, self.reruns, self.runs_dir)
         if not rows:

@@ -31,8 +31,8 @@ from typing import Any
 from abtrain import config as abconfig
 from bench import study
 from bench.study import Run
-from pipeline.common import parser, stage
 from pipeline.report.markdown import fmt, table
+from pipeline.stage import parser, stage
 
 RUNS = ("ddp-2x2", "ab-2x2")  # the baseline first
 SEEDS = (0, 1, 2)
@@ -237,9 +237,10 @@ class Seeds(study.Study):
     extra: tuple[str, ...] | list[str] = ()
     search_best: bool = False
 
-    def plan(self) -> list[Run]:
+    def runs(self) -> list[Run]:
         """Each run of `names` at each seed, seed by seed: a cut-short study has whole pairs."""
-        from pipeline.common import best_config, params, run_overrides, runs
+        from pipeline.matrix import best_config, run_overrides, runs
+        from pipeline.stage import params
 
         p = params()
         best, matrix = best_config(p) if self.search_best else None, runs(p)
@@ -262,7 +263,8 @@ class Seeds(study.Study):
 
     def aggregate(self, runs: list[Run]) -> dict[str, Any]:
         """From the plan's folders (`collect` finds them by name and seed)."""
-        from pipeline.common import best_config, params
+        from pipeline.matrix import best_config
+        from pipeline.stage import params
 
         names = self.names
         found = collect(names, self.seeds, self.runs_dir)

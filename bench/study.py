@@ -2,7 +2,7 @@
 they leave in their folders into a record (JSON), a figure and a page; this module is the
 part they share, read top to bottom:
 
-    plan       the study's runs (`Study.plan`): each a name, its overrides, its launch
+    runs       the study's runs (`Study.runs`): each a name, its overrides, its launch
                shape, its folder and its estimated seconds
     estimate   "N runs (k finished); the rest about T", printed before anything trains
                (--dry-run lists the runs and stops there)
@@ -22,7 +22,6 @@ adds the shared ones), and hands both to `conduct`.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -31,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from abtrain.files import atomic_write_text, read_record
-from abtrain.progress import duration
+from abtrain.files import atomic_write_text, read_record, write_record
+from abtrain.run.progress import duration
 
 LAUNCH_SECONDS = 15.0  # start-up and rendezvous a run adds to its training (estimates)
 
@@ -75,7 +74,7 @@ class Run:
 @dataclass
 class Study:
     """What a study fills in (a subclass is a dataclass of its own options). The skeleton
-    calls `plan`, `found` for each run, then `aggregate`, `sentence`, `figure` and `page`
+    calls `runs`, `found` for each run, then `aggregate`, `sentence`, `figure` and `page`
     (on --render `refresh` in the place of `aggregate`), and prints `closing`."""
 
     out: Path  # where the record, figure and page go
@@ -87,9 +86,9 @@ class Study:
     figure_file: ClassVar[str | None] = None  # its figure in `out`, if it draws one
     page_file: ClassVar[str | None] = "README.md"  # None: the report is its page
     indent: ClassVar[int] = 2  # the record's JSON indent (the committed records' own)
-    basis: ClassVar[str] = ""  # how `plan` estimates a run's seconds, said with the estimate
+    basis: ClassVar[str] = ""  # how `runs` estimates a run's seconds, said with the estimate
 
-    def plan(self) -> list[Run]:
+    def runs(self) -> list[Run]:
         """Every run of the study, in the order it trains."""
         raise NotImplementedError
 
@@ -163,7 +162,7 @@ def conduct(study: Study, a: argparse.Namespace) -> int:
     if a.render:
         data = render(study)
     else:
-        runs = study.plan()
+        runs = study.runs()
         found = [study.found(r) for r in runs]
         estimate(study, runs, found, listed=a.dry_run)
         if a.dry_run:
@@ -273,7 +272,7 @@ def write(study: Study, data: dict[str, Any]) -> dict[str, Any]:
     if said is not None:
         data["verdict"] = said
     study.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(study.out / study.record, json.dumps(data, indent=study.indent) + "\n")
+    write_record(study.out / study.record, data, indent=study.indent, end="\n")
     if study.figure_file:
         study.figure(data, study.out / study.figure_file)
     if study.page_file:
@@ -303,7 +302,7 @@ STUDIES = ("lengths", "network", "rates", "seeds", "search_reruns", "table2", "t
 
 def main(argv: list[str] | None = None) -> int:
     """The skeleton runs no study of its own: it names those that fill it in."""
-    from pipeline.common import parser
+    from pipeline.stage import parser
 
     parser("bench.study", __doc__).parse_args(argv)
     print("the studies on this skeleton: " + ", ".join(f"python -m bench.{s}" for s in STUDIES))

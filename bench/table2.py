@@ -32,8 +32,8 @@ from abtrain.files import read_record
 from abtrain.models import label
 from bench import study
 from bench.study import Run
-from pipeline.common import parser, stage
 from pipeline.report import markdown as md
+from pipeline.stage import parser, stage
 
 RUNS = ("vgg16-ddp", "vgg16-ab", "vit-ab")  # the baseline of a model is its ddp run
 # a supplementary run: VGG16 AB with the weight decay raised so that AdamW's cumulative
@@ -78,7 +78,7 @@ SETS = {
 }
 
 
-def plan(runs_dir: Path, committed: dict[str, Any]) -> list[Run]:
+def list_runs(runs_dir: Path, committed: dict[str, Any]) -> list[Run]:
     """The five runs; each one's estimate: its committed run's time (table2.json), if any."""
     out = []
     for name, sets in SETS.items():
@@ -91,7 +91,7 @@ def plan(runs_dir: Path, committed: dict[str, Any]) -> list[Run]:
 def layer_shapes(cfg: dict[str, Any]) -> tuple[dict[str, list[int]], int]:
     """(module name -> weight shape of every factorisable layer, total parameter count)."""
     from abtrain import config as abconfig
-    from abtrain import lowrank
+    from abtrain.method import lowrank
     from abtrain.models import build
 
     c = abconfig.from_dict(cfg)
@@ -125,17 +125,19 @@ def per_layer(shapes: dict[str, list[int]], ranks: dict[str, int]) -> list[dict[
 
 def spectra(model_pt: Path, layers: list[dict[str, Any]], cutoff: float) -> None:
     """Add each layer's singular values of its final W (model.pt), relative to the largest:
-    the rank the cutoff would keep now, the median and the smallest."""
+    the rank the cutoff would keep now (training's own rule, `lowrank.keep_rank`, on the
+    float32 values training's SVD gives), the median and the smallest."""
     if not model_pt.exists():
         return
     import torch
 
+    from abtrain.method import lowrank
+
     state = torch.load(model_pt, map_location="cpu", weights_only=True)
     for row in layers:
-        w = state[f"{row['layer']}.weight"].float()
-        s = torch.linalg.svdvals(w.reshape(w.shape[0], -1).double())
+        s = torch.linalg.svdvals(lowrank.upright(state[f"{row['layer']}.weight"]).float())
         rel = s / s[0]
-        k = max(1, int((rel > cutoff).sum()))
+        k = lowrank.keep_rank(s, cutoff)
         out, inner = row["matrix"]
         row.update(
             rank_at_end=k,
@@ -164,7 +166,7 @@ def decay_factor(log: Path, weight_decay: float) -> float | None:
 
 
 def whole_ratio(total: int, layers: list[dict[str, Any]]) -> float:
-    """full / current over every parameter, as abtrain.lowrank.parameter_counts counts."""
+    """full / current over every parameter, as abtrain.method.lowrank.parameter_counts counts."""
     current = total - sum(r["w_params"] - r["ab_params"] for r in layers)
     return total / current
 
@@ -436,10 +438,10 @@ class Table2(study.Study):
 
     runs_dir: Path = RUNS_DIR
 
-    def plan(self) -> list[Run]:
+    def runs(self) -> list[Run]:
         path = self.out / self.record
         committed = read_record(path, ("runs",))["runs"] if path.exists() else {}
-        return plan(self.runs_dir, committed)
+        return list_runs(self.runs_dir, committed)
 
     def aggregate(self, runs: list[Run]) -> dict[str, Any]:
         data = table(self.runs_dir)

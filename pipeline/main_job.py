@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from abtrain.progress import duration
+from abtrain.run.progress import duration
 
 RUNNING = re.compile(r"Running stage '([^']+)'")
 SKIPPED = re.compile(r"Stage '([^']+)' didn't change, skipping")

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from abtrain.files import read_record
-from pipeline.common import parser
+from pipeline.stage import parser
 from pipeline.style import write_bytes
 
 DVC_YAML = Path("dvc.yaml")

@@ -5,13 +5,13 @@ resolves every run as the pipeline does)."""
 
 from __future__ import annotations
 
-import json
 import sys
 
-from abtrain.files import atomic_write_text
-from abtrain.prepare import prepare
-from abtrain.sources import DataError
-from pipeline.common import DATA_COUNTS, data_configs, params, parser, stage
+from abtrain.data.prepare import prepare
+from abtrain.data.sources import DataError
+from abtrain.files import write_record
+from pipeline.matrix import data_configs
+from pipeline.stage import DATA_COUNTS, params, parser, stage
 
 
 def main() -> int:
@@ -28,7 +28,7 @@ def main() -> int:
             f"[pipeline] {data.name}: {n['train']} train / {n['val']} val images in {data.prepared}"
         )
     DATA_COUNTS.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(DATA_COUNTS, json.dumps(counts, indent=2, sort_keys=True) + "\n")
+    write_record(DATA_COUNTS, counts, sort_keys=True, end="\n")
     return 0
 
 

@@ -25,8 +25,9 @@ from typing import Any
 import yaml
 
 from abtrain.config import diff_keys
-from pipeline.common import PARAMS, best_config, covered, data_configs, parser, runs, stage
+from pipeline.matrix import best_config, data_configs, runs
 from pipeline.resolve import path_of, record, text
+from pipeline.stage import PARAMS, covered, parser, stage
 
 
 def rewritten(overrides: list[str]) -> str:

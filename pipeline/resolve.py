@@ -23,23 +23,13 @@ from typing import Any
 
 from abtrain import config as abconfig
 from abtrain.files import atomic_write_text, read_record
-from pipeline.common import (
-    SEARCHES,
-    Run,
-    best_config,
-    covered,
-    params,
-    parser,
-    resolve,
-    runs,
-    seeds,
-    stage,
-)
+from pipeline.matrix import MatrixRun, best_config, resolve, runs, seeds
+from pipeline.stage import SEARCHES, covered, params, parser, stage
 
 RESOLVED = Path("results/resolved")
 
 
-def record(p: dict[str, Any], run: Run, best: dict[str, Any] | None) -> dict[str, Any]:
+def record(p: dict[str, Any], run: MatrixRun, best: dict[str, Any] | None) -> dict[str, Any]:
     """What run `run` trains with: its place in the matrix, its seeds, each value not taken
     from `train` with its source, the whole config that results, and the search record its
     values come from (path and sha256)."""
@@ -83,7 +73,7 @@ def text(rec: dict[str, Any]) -> str:
     return json.dumps(rec, indent=2) + "\n"
 
 
-def check(p: dict[str, Any], run: Run, best: dict[str, Any] | None) -> dict[str, Any]:
+def check(p: dict[str, Any], run: MatrixRun, best: dict[str, Any] | None) -> dict[str, Any]:
     """The run's committed record, refused (ConfigError) if params.yaml now gives the run
     other values: the train stage trains what DVC tracked, never something else."""
     path = path_of(run.name)

@@ -21,7 +21,8 @@ import os
 import subprocess
 import sys
 
-from pipeline.common import RUNS, move_aside, params, runs, stage
+from pipeline.matrix import runs
+from pipeline.stage import RUNS, move_aside, params, stage
 
 
 def main(name: str) -> int:

@@ -29,16 +29,7 @@ import yaml
 from abtrain import config as abconfig
 from abtrain.config import ConfigError
 from abtrain.files import atomic_write_text, read_record, read_record_rows
-from pipeline.common import (
-    RUNS,
-    SEARCHES,
-    covered,
-    leaves,
-    move_aside,
-    params,
-    parser,
-    stage,
-)
+from pipeline.stage import RUNS, SEARCHES, covered, leaves, move_aside, params, parser, stage
 from search import record
 from search.launch import mpirun_command
 

@@ -230,7 +230,7 @@ def run_slurm(p: dict[str, Any], run: Any, args: list[str], out: Path) -> int:
     """Train `run` as one SLURM job. What the ranks would refuse (a bad value, a world its
     groups or batch don't fit, data not prepared) is refused here, in one line before any
     job is queued, as the local launcher does."""
-    from abtrain.preflight import refusal
+    from abtrain.commands.preflight import refusal
 
     try:
         text = train_script(

@@ -17,24 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
-from abtrain.files import atomic_write_text
-from abtrain.localrun import run_local
-from abtrain.progress import duration
-from pipeline.common import (
-    PARAMS,
-    RUNS,
-    SEARCHES,
-    Run,
-    best_config,
-    params,
-    parser,
-    provenance,
-    resolve,
-    runs,
-    seeds,
-    stage,
-)
+from abtrain.commands.localrun import run_local
+from abtrain.files import write_record
+from abtrain.run.progress import duration
+from pipeline.matrix import MatrixRun, best_config, provenance, resolve, runs, seeds
 from pipeline.resolve import check as check_resolved
+from pipeline.stage import PARAMS, RUNS, SEARCHES, params, parser, stage
 
 RESULTS, METRICS, PLOTS = Path("results"), Path("metrics"), Path("plots")
 
@@ -115,7 +103,7 @@ def over_seeds(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def write_outputs(name: str, run: Run, cfg: abconfig.Config, summary: dict[str, Any]) -> None:
+def write_outputs(name: str, run: MatrixRun, cfg: abconfig.Config, summary: dict[str, Any]) -> None:
     from abtrain.models import label
 
     result = dict(summary)
@@ -128,12 +116,12 @@ def write_outputs(name: str, run: Run, cfg: abconfig.Config, summary: dict[str, 
         model=label(cfg.model),  # a run's ddp baseline is that of the same model and data
         data=cfg.data.name,
     )
-    atomic_write_text(RESULTS / f"{name}.json", json.dumps(result, indent=2))
-    atomic_write_text(METRICS / f"{name}.json", json.dumps(scalars(result), indent=2))
-    atomic_write_text(PLOTS / f"{name}.json", json.dumps(curve(name, result), indent=2))
+    write_record(RESULTS / f"{name}.json", result)
+    write_record(METRICS / f"{name}.json", scalars(result))
+    write_record(PLOTS / f"{name}.json", curve(name, result))
 
 
-def stage_line(matrix: dict[str, Run], name: str, steps: str) -> str:
+def stage_line(matrix: dict[str, MatrixRun], name: str, steps: str) -> str:
     """Which run of the matrix this is (its place in experiments.runs), its shape and length."""
     run = matrix[name]
     return (
@@ -142,7 +130,7 @@ def stage_line(matrix: dict[str, Run], name: str, steps: str) -> str:
     )
 
 
-def finished_summary(p: dict, run: Run, best: dict | None) -> dict | None:
+def finished_summary(p: dict, run: MatrixRun, best: dict | None) -> dict | None:
     """The summary of `run`'s folder if it holds a finished run of the run's config as it is
     now (settings that change nothing trained aside, abtrain.config.NOT_TRAINING), else None."""
     folder = RUNS / "train" / run.name
@@ -155,7 +143,7 @@ def finished_summary(p: dict, run: Run, best: dict | None) -> dict | None:
     return None if abconfig.training_diff(saved, now) else summary
 
 
-def runs_left(p: dict, matrix: dict[str, Run], name: str, best: dict | None) -> str:
+def runs_left(p: dict, matrix: dict[str, MatrixRun], name: str, best: dict | None) -> str:
     """How many runs of the matrix are not finished yet, this one included, and the time they
     take at the pace of those finished (their mean training time): no estimate without one."""
     walls = [
@@ -212,7 +200,7 @@ def main(name: str) -> int:
     return 0
 
 
-def train_one(p: dict, run: Run, sets: list[str], out: Path) -> int:
+def train_one(p: dict, run: MatrixRun, sets: list[str], out: Path) -> int:
     """Train (or resume, or find finished) one run folder; the launcher's exit code."""
     saved = out / "config.json"
     cfg = abconfig.load(PARAMS, sets)

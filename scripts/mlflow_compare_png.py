@@ -24,9 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from abtrain.commands.localrun import free_port  # noqa: E402
 from abtrain.files import atomic_write_bytes  # noqa: E402
-from abtrain.mlflow_browser import Browser, free_port, mlflow_server, stop  # noqa: E402
-from abtrain.mlflow_ui import HEADLINE, NOTE_START, key_figures_link  # noqa: E402
+from abtrain.tracking.views import HEADLINE, NOTE_START, key_figures_link  # noqa: E402
+from tools.mlflow_browser import Browser, mlflow_server, stop  # noqa: E402
 
 METHODS = ("ddp", "ab")  # ddp first: ab's "Bytes vs DDP" is against it
 

@@ -4,12 +4,11 @@ evaluations and against wall time. `python -m search.compare OUT... --out DIR`."
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from abtrain.files import atomic_write_text
+from abtrain.files import write_record
 from search.record import SearchError, evaluations
 
 
@@ -47,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "search_comparison.json", json.dumps(results, indent=2))
+    write_record(args.out / "search_comparison.json", results)
     plot(results, args.out / "search_comparison.png")
     for r in results:
         print(f"{r['backend']:<10} {r['evaluations']:>4} evaluations, best error {r['best_error']}")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
-from abtrain.progress import duration
+from abtrain.run.progress import duration
 from search import objective, record, space
 
 

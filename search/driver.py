@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 
 from abtrain import config as abconfig
-from abtrain.progress import duration
+from abtrain.files import write_record
+from abtrain.run.progress import duration
 from search import objective, progress, record, space
 from search.context import Context, search_base
 
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         state["parent"] = mlflow_runs.parent(
             f"search-{scfg.backend}", scfg.model_dump(mode="json"), state.get("parent")
         )
-        record.atomic_write_text(out / "search.json", json.dumps(state, indent=2))
+        write_record(out / "search.json", state)
     state = world.bcast(state, root=0)
     ctx = Context(raw, scfg, out, world, state["started"], state["parent"], mlflow_runs)
     if scfg.backend == "propulate":

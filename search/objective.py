@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 from abtrain import config as abconfig
-from abtrain import methods
-from abtrain.process import Launch
-from abtrain.trainer import Trainer, TrainingDiverged
+from abtrain.distributed.process import Launch
+from abtrain.method import methods
+from abtrain.run.trainer import Trainer, TrainingDiverged
 
 
 @dataclass
@@ -149,7 +149,7 @@ def evaluate(
 def _measured(trainer: Trainer) -> dict[str, float]:
     """A finished run's bytes, compression and kept rank share (1.0 for a method that
     factorises nothing), from its summary (rank 0's)."""
-    from abtrain import results
+    from abtrain.run import results
 
     s = trainer.summary
     ranks = s.get("ranks") or {}

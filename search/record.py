@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from abtrain import tracking
 from abtrain.config import diff_keys
-from abtrain.files import atomic_write_text
-from abtrain.tracking import default_uri, flatten
+from abtrain.files import write_record
+from abtrain.tracking.nested import NestedRuns
 
 EVALUATIONS = "evaluations.jsonl"
 STATUSES = ("ok", "pruned", "diverged", "crashed", "invalid")
@@ -56,7 +55,7 @@ def open_search(out: Path, state: dict[str, Any], resume: bool) -> dict[str, Any
     if resume:
         raise SearchError(f"--resume: {out} holds no search to resume")
     state = {**state, "started": time.time()}
-    atomic_write_text(path, json.dumps(state, indent=2))
+    write_record(path, state)
     return state
 
 
@@ -217,60 +216,37 @@ def write_best(out: Path) -> dict[str, Any]:
         params=best["params"],
         overrides=best["overrides"],
     )
-    atomic_write_text(out / "best.json", json.dumps(result, indent=2))
+    write_record(out / "best.json", result)
     return result
 
 
 class SearchRuns:
     """The search's MLflow runs: a parent for the search, a child for each individual or
-    trial. Only worker roots call it; none of it is collective. (abtrain.tracking.Tracker
-    is a training run's own.)"""
+    trial (`abtrain.tracking.nested`). Only worker roots call it; none of it is collective.
+    (abtrain.tracking.tracker.Tracker is a training run's own.)"""
 
     def __init__(self, uri: str | None, experiment: str, enabled: bool) -> None:
-        self.client = None
-        if not enabled:
-            return
-        from mlflow.tracking import MlflowClient
+        self.runs = NestedRuns(uri, experiment) if enabled else None
+        self.client = self.runs.client if self.runs else None
 
-        self.client = MlflowClient(tracking_uri=uri or default_uri())
-        self.uri = uri or default_uri()
-        exp = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = exp.experiment_id if exp else None
-        self.experiment = experiment
+    @property
+    def experiment_id(self) -> str | None:
+        return self.runs.experiment_id if self.runs else None
 
     def parent(self, name: str, params: dict[str, Any], run_id: str | None) -> str:
         """Rank 0: the search's run (reopened on resume, its stale children marked KILLED)."""
-        if self.client is None:
+        if self.runs is None:
             return ""
-        if self.experiment_id is None:  # as the trainer makes it: artifacts in mlartifacts/
-            self.experiment_id = tracking.experiment_id(self.client, self.experiment, self.uri)
-        if run_id:
-            self.client.update_run(run_id, status="RUNNING")
-            stale = self.client.search_runs(
-                [self.experiment_id],
-                f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'",
-            )
-            for run in stale:
-                self.client.set_terminated(run.info.run_id, status="KILLED")
-            return run_id
-        run = self.client.create_run(self.experiment_id, run_name=name)
-        for k, v in flatten(params).items():
-            self.client.log_param(run.info.run_id, k, str(v)[:6000])
-        return run.info.run_id
+        if not run_id:
+            return self.runs.parent(name, params)
+        self.runs.made()
+        self.client.update_run(run_id, status="RUNNING")
+        for run in self.runs.children(run_id, "attributes.status = 'RUNNING'"):
+            self.client.set_terminated(run.info.run_id, status="KILLED")
+        return run_id
 
     def child(self, parent: str, name: str, tags: dict[str, Any], hp: dict[str, Any]) -> str:
-        if self.client is None:
-            return ""
-        if self.experiment_id is None:
-            self.experiment_id = self.client.get_experiment_by_name(self.experiment).experiment_id
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=name,
-            tags={"mlflow.parentRunId": parent, **{k: str(v) for k, v in tags.items()}},
-        )
-        for k, v in hp.items():
-            self.client.log_param(run.info.run_id, k, str(v))
-        return run.info.run_id
+        return self.runs.child(parent, name, tags, hp) if self.runs else ""
 
     def finish_child(self, run_id: str, outcome: Any) -> None:
         if self.client is None:
@@ -310,10 +286,8 @@ class SearchRuns:
     def best_child(self, parent: str, name: str) -> str | None:
         """The child run of `name` under `parent`: its finished one, the latest if an
         individual was evaluated again after a resume."""
-        runs = self.client.search_runs(
-            [self.experiment_id],
-            f"tags.mlflow.parentRunId = '{parent}' and attributes.run_name = '{name}'",
-            order_by=["attributes.start_time DESC"],
+        runs = self.runs.children(
+            parent, f"attributes.run_name = '{name}'", order_by=["attributes.start_time DESC"]
         )
         finished = [r for r in runs if r.info.status == "FINISHED"] or runs
         return finished[0].info.run_id if finished else None

@@ -1,7 +1,9 @@
 """The house's rules, read from the code's own imports (module level and inside functions):
 no module reaches itself through others (no circle); the folders depend one way, bench/
-above pipeline/ above search/ above abtrain/; and abtrain's commands (`python -m abtrain`,
-its launcher, `plan`, `check`, `compare`) import the library, never the reverse."""
+above pipeline/ above search/ above abtrain/ (tools/, beside them, is imported by none);
+inside abtrain/ its rooms depend one way too (ROOMS); and abtrain's commands
+(`python -m abtrain`, its launcher, abtrain/commands/) import the library, never the
+reverse."""
 
 from __future__ import annotations
 
@@ -14,14 +16,39 @@ FOLDERS = (
     "search",
     "pipeline",
     "bench",
+    "tools",
 )  # lowest first: each may import those before it
-COMMANDS = {
-    "abtrain.__main__",
-    "abtrain.launch",
-    "abtrain.plan",
-    "abtrain.check",
-    "abtrain.compare",
-}
+# abtrain's rooms, lowest first: each may import those before it. The foundations (the
+# config and its errors, atomic files) first; then the distributed processes and the
+# ledger, the method, the models, the data, MLflow, the predictions, a run, the commands.
+ROOMS = (
+    "errors",
+    "modelspec",
+    "files",
+    "config",
+    "distributed",
+    "method",
+    "models",
+    "data",
+    "tracking",
+    "predict",
+    "run",
+    "commands",
+    "__main__",
+    "launch",
+    "__init__",
+)
+COMMANDS = ("abtrain.__main__", "abtrain.launch", "abtrain.commands")
+
+
+def room(module: str) -> str:
+    """abtrain.method.sync -> method; abtrain -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def is_command(module: str) -> bool:
+    return any(module == c or module.startswith(c + ".") for c in COMMANDS)
 
 
 def modules() -> dict[str, Path]:
@@ -104,11 +131,31 @@ def test_the_library_imports_no_command():
     wrong = [
         f"{a} -> {b}"
         for a, targets in graph().items()
-        if a.startswith("abtrain") and a not in COMMANDS
+        if a.startswith("abtrain") and not is_command(a)
         for b in targets
-        if b in COMMANDS
+        if is_command(b)
     ]
     assert not wrong, f"library modules importing a command: {wrong}"
+
+
+def test_abtrains_rooms_depend_one_way():
+    order = {r: i for i, r in enumerate(ROOMS)}
+    rooms = {room(m) for m in graph() if m.startswith("abtrain.")}
+    assert rooms <= set(order), f"rooms missing from ROOMS: {sorted(rooms - set(order))}"
+    against = [
+        f"{a} -> {b}"
+        for a, targets in graph().items()
+        if a.startswith("abtrain")
+        for b in targets
+        if b.startswith("abtrain.") and order[room(b)] > order[room(a)]
+    ]
+    assert not against, f"imports against abtrain's rooms ({' < '.join(ROOMS)}): {against}"
+
+
+def test_every_room_says_what_it_holds():
+    for package in sorted((ROOT / "abtrain").glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(package.read_text()))
+        assert doc and doc.splitlines()[0].endswith("."), f"{package}: a one-line summary first"
 
 
 def test_the_rules_see_what_they_forbid(tmp_path, monkeypatch):

@@ -6,7 +6,6 @@ import, and the runs on synthetic data (the tests' MLP) need none of it.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 from typing import Any
@@ -14,25 +13,7 @@ from typing import Any
 from torch import nn
 
 from abtrain.errors import ConfigError
-from abtrain.modelspec import split_spec
-
-
-def timm_arch_problem(arch: str) -> str | None:
-    """Why timm has no architecture `arch` (with the closest names it has), or None."""
-    import timm
-
-    if timm.is_model(arch):
-        return None
-    close = difflib.get_close_matches(arch, timm.list_models(), n=8, cutoff=0.6)
-    hint = f"the closest: {', '.join(close)}" if close else "see timm.list_models()"
-    return f"timm has no architecture {arch!r} ({hint})"
-
-
-def check_timm_arch(arch: str) -> None:
-    """ValueError (for the config's validation, which names the key) if timm lacks `arch`."""
-    problem = timm_arch_problem(arch)
-    if problem:
-        raise ValueError(problem)
+from abtrain.modelspec import split_spec, timm_arch_problem
 
 
 def timm_model(arch: str, classes: int, kwargs: dict[str, Any]) -> nn.Module:

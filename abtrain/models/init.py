@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from abtrain import lowrank
+from abtrain.method import lowrank
 
 
 @torch.no_grad()

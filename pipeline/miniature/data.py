@@ -110,7 +110,7 @@ def _cifar_rows(rng: np.random.Generator, labels: list[int], classes: int) -> np
 def write_cifar100(dest: Path, rng: np.random.Generator) -> tuple[Path, int]:
     """cifar-100-python-mini.tar.gz: cifar-100-python/{train,test,meta} as published.
 
-    Named apart from `cifar-100-python.tar.gz`, whose md5 abtrain/sources.py checks against the
+    Named apart from `cifar-100-python.tar.gz`, whose md5 abtrain/data/sources.py checks against the
     published archive's; its own sha256 is given as data.sha256 instead.
     """
     with tempfile.TemporaryDirectory(dir=dest) as tmp:

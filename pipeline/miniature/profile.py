@@ -179,17 +179,17 @@ def validate(params: dict[str, Any], counts: dict[str, int]) -> dict[str, dict[s
     Returns each run's plan: model, method, nodes × ranks, steps, batch per rank.
     """
     from abtrain import config as abconfig
-    from abtrain import methods
+    from abtrain.method import methods
     from abtrain.models import label
-    from pipeline import common
+    from pipeline import matrix
     from search import space
 
     abconfig.from_dict(params["train"])
     slurm = params["experiments"]["slurm"]
     plan = {}
-    for name, run in common.runs(params).items():
-        base = common.base_config(params, run)
-        sets = common.run_overrides(params, run, None, size=counts[base.data.prepared])
+    for name, run in matrix.runs(params).items():
+        base = matrix.base_config(params, run)
+        sets = matrix.run_overrides(params, run, None, size=counts[base.data.prepared])
         cfg = abconfig.from_dict(params["train"], sets)
         methods.check_world(cfg, run.world, run.ranks_per_node)
         if not 2 <= cfg.steps <= 8:

@@ -19,14 +19,13 @@ they share), readme (the README's opening).
 
 from __future__ import annotations
 
-import json
-
-from abtrain.files import atomic_write_text
-from pipeline.common import params, runs
+from abtrain.files import atomic_write_text, write_record
+from pipeline.matrix import runs
 
 # as modules: `from pipeline.report.figures import figures` here would hide the module
 from pipeline.report import figures, page, readme, tables
 from pipeline.report.tables import REPORTS
+from pipeline.stage import params
 
 
 def main() -> int:
@@ -38,12 +37,12 @@ def main() -> int:
     acc, t1, t2 = tables.accuracy(done), tables.table1(done), tables.table2(done, p)
     tables.write_csv(REPORTS / "table1_traffic.csv", t1)
     tables.write_csv(REPORTS / "table2_compression.csv", t2)
-    atomic_write_text(REPORTS / "runs.json", json.dumps(done, indent=2))
+    write_record(REPORTS / "runs.json", done)
     ratios = tables.vs_ddp(done)
     tables.write_metrics(ratios)
     headline = tables.headline_metrics(done, ratios)
-    atomic_write_text(REPORTS / "headline.json", json.dumps(headline, indent=2) + "\n")
-    atomic_write_text(REPORTS / "curves.json", json.dumps(tables.curves(done), indent=2))
+    write_record(REPORTS / "headline.json", headline, end="\n")
+    write_record(REPORTS / "curves.json", tables.curves(done))
     paper = tables.paper_reference()
     studies = tables.seed_studies(p)
     glance = figures.verdict_figure(done, studies) if done else None
@@ -52,7 +51,7 @@ def main() -> int:
     folders = tables.search_folders()
     searched, search_pics = figures.search_comparison(folders) if folders else ([], [])
     search = (folders, searched, search_pics)
-    md = page.assemble(p, paper, done, missing, acc, t1, t2, pics, search, glance)
+    md = page.assemble(page.PageInputs(p, paper, done, missing, acc, t1, t2, pics, search, glance))
     atomic_write_text(REPORTS / "README.md", md)
     atomic_write_text(readme.HEADLINE, readme.headline(p, acc, t1))
     print(f"[pipeline] report: {len(done)} runs, {len(missing)} missing -> {REPORTS / 'README.md'}")

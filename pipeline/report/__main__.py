@@ -3,9 +3,9 @@ reports/, from the runs' committed results); `--readme` copies its headline into
 
 import sys
 
-from pipeline.common import parser, stage
 from pipeline.report import main
 from pipeline.report.readme import copy_headline
+from pipeline.stage import parser, stage
 
 if __name__ == "__main__":
     ap = parser("pipeline.report", __doc__)

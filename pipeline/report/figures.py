@@ -6,11 +6,11 @@ The validation curves are DVC plots, rendered offline by `pipeline.plots` (its o
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from abtrain.files import atomic_write_text
+from abtrain.files import write_record
 from pipeline import style
 from pipeline.report.tables import REPORTS, per_step
 
@@ -25,6 +25,57 @@ def in_scheme(s: dict, scheme: str, p: dict) -> bool:
     return s["run"]["global_batch"] == p["experiments"]["reference_global_batch"]
 
 
+@dataclass
+class Panels:
+    """What every panel against the ranks draws from: the runs, each method's look and the
+    sideways spread of its points, the seed studies' error bars."""
+
+    done: dict[str, dict]
+    p: dict
+    seeds: dict[str, dict[str, float]]
+    methods: list[str] = field(init=False)
+    dodge: dict[str, float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.methods = style.ordered(s["method"] for s in self.done.values())
+        self.dodge = style.offsets(self.methods, 0.05)  # in ranks; ticks stay at the counts
+
+    @property
+    def reference(self) -> int:
+        return self.p["experiments"]["reference_global_batch"]
+
+    def title(self, scheme: str) -> str:
+        if scheme == "local":
+            return "constant local batch (global batch grows with ranks)"
+        return f"constant global batch ({self.reference} in all)"
+
+    def points(self, scheme: str, method: str, value) -> list[tuple[float, float]]:
+        return sorted(
+            (s["world_size"] + self.dodge[method], value(s))
+            for s in self.done.values()
+            if s["method"] == method and in_scheme(s, scheme, self.p)
+        )
+
+    def method_lines(self, ax, scheme: str, value, nested: bool = False) -> None:
+        """One line per method of `value` against the ranks, in the method's style;
+        `nested`: each line thinner than the one drawn before it, so lines of equal values
+        (every AB method's 0.75:1) show every colour."""
+        for i, m in enumerate(self.methods):
+            pts = self.points(scheme, m, value)
+            look = style.marker(m)
+            if nested:
+                look["lw"] = 1.2 + 2.0 * (len(self.methods) - 1 - i)
+            if pts:
+                ax.plot(*zip(*pts), **look, label=m)
+
+    def ranks_axis(self, ax, scheme: str) -> None:
+        worlds = sorted(
+            {s["world_size"] for s in self.done.values() if in_scheme(s, scheme, self.p)}
+        )
+        ax.set_xticks(worlds)
+        ax.grid(alpha=0.3)
+
+
 def figures(
     done: dict[str, dict], p: dict, studies: list[dict[str, Any]] | None = None
 ) -> list[tuple[str, str]]:
@@ -33,134 +84,113 @@ def figures(
     spread a little sideways, so that equal values do not hide one another; one legend per
     figure, outside the panels. `studies` (tables.seed_studies) put error bars on the
     best top-1 of the runs a seed study made with the runs' own values covers."""
-    made = []
-    seeds = study_top1(studies or [])
-    methods = style.ordered(s["method"] for s in done.values())
-    dodge = style.offsets(methods, 0.05)  # in ranks; the ticks stay at the rank counts
-    reference = p["experiments"]["reference_global_batch"]
+    panels = Panels(done, p, study_top1(studies or []))
     FIGURES.mkdir(parents=True, exist_ok=True)
-
-    def save(fig, name, caption):
-        style.save(fig, FIGURES / name, dpi=100)
-        made.append((f"figures/{name}", caption))
-
-    def points(scheme, method, value):
-        return sorted(
-            (s["world_size"] + dodge[method], value(s))
-            for s in done.values()
-            if s["method"] == method and in_scheme(s, scheme, p)
-        )
-
-    def method_lines(ax, scheme, value, nested=False):
-        """One line per method of `value` against the ranks, in the method's style;
-        `nested`: each line thinner than the one drawn before it, so lines of equal values
-        (every AB method's 0.75:1) show every colour."""
-        for i, m in enumerate(methods):
-            pts = points(scheme, m, value)
-            look = style.marker(m)
-            if nested:
-                look["lw"] = 1.2 + 2.0 * (len(methods) - 1 - i)
-            if pts:
-                ax.plot(*zip(*pts), **look, label=m)
-
-    def ranks_axis(ax, scheme):
-        worlds = sorted({s["world_size"] for s in done.values() if in_scheme(s, scheme, p)})
-        ax.set_xticks(worlds)
-        ax.grid(alpha=0.3)
-
-    titles = {
-        "local": "constant local batch (global batch grows with ranks)",
-        "global": f"constant global batch ({reference} in all)",
-    }
     with style.matplotlib_defaults() as plt:
-        # like the paper's Figure 1: traffic
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-        for ax, scheme in zip(axes, ("local", "global")):
-            method_lines(ax, scheme, lambda s: per_step(s) / 1e6)
-            ax.set(
-                title=titles[scheme],
-                xlabel="ranks (world size)",
-                ylabel="inter-node MB per step per rank",
-            )
-            ranks_axis(ax, scheme)
-        fig.legend(handles=style.handles(methods), loc="outside right upper", fontsize=8)
-        save(
-            fig,
-            "traffic_vs_scale.png",
-            "Inter-node megabytes each rank sends per training step (mean over ranks, whole "
-            "run: warm-up, AB phases, syncs and rebounds), against the number of ranks; left "
-            "at constant local batch, right at constant global batch. Lower is less network "
-            "traffic; the gap between a method's line and ddp's is its saving. The bytes of "
-            "a step do not depend on the batch, so a point shared by both panels has one "
-            "value. Each method has its colour and marker in every figure; the points of a "
-            "rank count are spread slightly sideways so that close values stay visible.",
-        )
+        return [traffic_figure(panels, plt), accuracy_figure(panels, plt)]
 
-        # like Figures 3-7, against ranks
-        fig, axes = plt.subplots(2, 2, figsize=(12.5, 7.5), layout="constrained")
-        for row, scheme in enumerate(("local", "global")):
-            ax = axes[row, 0]
-            for m in methods:
-                best = points(scheme, m, lambda s: s["val_top1"]["best"])
-                final = points(scheme, m, lambda s: s["val_top1"]["final"])
-                if best:  # final: a larger open marker under best's, seen around it
-                    ring = style.marker(m)
-                    ring.update(ms=1.6 * ring["ms"], mfc="none", mec=ring["color"], mew=1.0)
-                    ring["zorder"] -= 1
-                    ax.plot(*zip(*final), **ring, ls="--")
-                    ax.plot(*zip(*best), **style.marker(m))
-            for s in done.values():
-                if s["run"]["name"] in seeds and in_scheme(s, scheme, p):
-                    sd = seeds[s["run"]["name"]]["std"]
-                    x = s["world_size"] + dodge[s["method"]]
-                    colour = style.COLOURS.get(s["method"], "black")
-                    ax.errorbar(
-                        x, s["val_top1"]["best"], yerr=sd, fmt="none", ecolor=colour, capsize=3
-                    )
-            ax.set(title=titles[scheme], xlabel="ranks (world size)", ylabel="validation top-1 (%)")
-            ranks_axis(ax, scheme)
-            ax = axes[row, 1]
-            method_lines(ax, scheme, lambda s: s["compression_ratio"], nested=True)
-            ax.axhline(1.0, color="k", lw=0.8, ls=":", zorder=1)
-            ax.annotate(
-                "1:1 (A and B as large as W)",
-                (0.5, 1.0),
-                xycoords=("axes fraction", "data"),
-                xytext=(0, -3),
-                textcoords="offset points",
-                fontsize=7,
-                ha="center",
-                va="top",
-            )
-            ax.set(
-                title=titles[scheme],
-                xlabel="ranks (world size)",
-                ylabel="compression (full size / size at the end)",
-            )
-            ranks_axis(ax, scheme)
-        key = style.handles(methods) + [
-            plt.Line2D([], [], color="grey", marker="o", mec="black", mew=0.5, label="top-1: best"),
-            plt.Line2D(
-                [], [], color="grey", marker="o", ms=10, mfc="none", ls="--", label="top-1: final"
-            ),
-        ]
-        fig.legend(handles=key, loc="outside right upper", fontsize=8)
-        save(
-            fig,
-            "accuracy_compression_vs_ranks.png",
-            "Top row: runs at constant local batch (each rank keeps its batch, so the global "
-            "batch grows with the ranks); bottom row: runs at constant global batch "
-            f"({reference} split over the ranks). Left: validation top-1 at its best "
-            "evaluation (solid line, filled marker) and at the last one (dashed line, open "
-            "ring: around the filled marker where the two are equal), with an error bar of ± "
-            "the sample sd of that run's best top-1 over its seed study where one is made with "
-            "the runs' own values (`reports/seeds-best-*`; one seed each otherwise) "
-            "against the number of ranks; right: the model's compression at the end "
-            "(parameters of the full model over those of the trained one; ddp is 1:1 by "
-            "definition). Above the dotted 1:1 line AB's factors are smaller than the weights "
-            "they replace; below it they are larger.",
+
+def save(fig, name: str, caption: str) -> tuple[str, str]:
+    style.save(fig, FIGURES / name, dpi=100)
+    return f"figures/{name}", caption
+
+
+def traffic_figure(panels: Panels, plt) -> tuple[str, str]:
+    """Like the paper's Figure 1: traffic against the ranks, at each batch scheme."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    for ax, scheme in zip(axes, ("local", "global")):
+        panels.method_lines(ax, scheme, lambda s: per_step(s) / 1e6)
+        ax.set(
+            title=panels.title(scheme),
+            xlabel="ranks (world size)",
+            ylabel="inter-node MB per step per rank",
         )
-    return made
+        panels.ranks_axis(ax, scheme)
+    fig.legend(handles=style.handles(panels.methods), loc="outside right upper", fontsize=8)
+    return save(
+        fig,
+        "traffic_vs_scale.png",
+        "Inter-node megabytes each rank sends per training step (mean over ranks, whole "
+        "run: warm-up, AB phases, syncs and rebounds), against the number of ranks; left "
+        "at constant local batch, right at constant global batch. Lower is less network "
+        "traffic; the gap between a method's line and ddp's is its saving. The bytes of "
+        "a step do not depend on the batch, so a point shared by both panels has one "
+        "value. Each method has its colour and marker in every figure; the points of a "
+        "rank count are spread slightly sideways so that close values stay visible.",
+    )
+
+
+def top1_panel(ax, panels: Panels, scheme: str) -> None:
+    """Best and final top-1 against the ranks, with the seed studies' error bars."""
+    for m in panels.methods:
+        best = panels.points(scheme, m, lambda s: s["val_top1"]["best"])
+        final = panels.points(scheme, m, lambda s: s["val_top1"]["final"])
+        if best:  # final: a larger open marker under best's, seen around it
+            ring = style.marker(m)
+            ring.update(ms=1.6 * ring["ms"], mfc="none", mec=ring["color"], mew=1.0)
+            ring["zorder"] -= 1
+            ax.plot(*zip(*final), **ring, ls="--")
+            ax.plot(*zip(*best), **style.marker(m))
+    for s in panels.done.values():
+        if s["run"]["name"] in panels.seeds and in_scheme(s, scheme, panels.p):
+            sd = panels.seeds[s["run"]["name"]]["std"]
+            x = s["world_size"] + panels.dodge[s["method"]]
+            colour = style.COLOURS.get(s["method"], "black")
+            ax.errorbar(x, s["val_top1"]["best"], yerr=sd, fmt="none", ecolor=colour, capsize=3)
+    ax.set(title=panels.title(scheme), xlabel="ranks (world size)", ylabel="validation top-1 (%)")
+    panels.ranks_axis(ax, scheme)
+
+
+def compression_panel(ax, panels: Panels, scheme: str) -> None:
+    """The compression at the end against the ranks, with the 1:1 line."""
+    panels.method_lines(ax, scheme, lambda s: s["compression_ratio"], nested=True)
+    ax.axhline(1.0, color="k", lw=0.8, ls=":", zorder=1)
+    ax.annotate(
+        "1:1 (A and B as large as W)",
+        (0.5, 1.0),
+        xycoords=("axes fraction", "data"),
+        xytext=(0, -3),
+        textcoords="offset points",
+        fontsize=7,
+        ha="center",
+        va="top",
+    )
+    ax.set(
+        title=panels.title(scheme),
+        xlabel="ranks (world size)",
+        ylabel="compression (full size / size at the end)",
+    )
+    panels.ranks_axis(ax, scheme)
+
+
+def accuracy_figure(panels: Panels, plt) -> tuple[str, str]:
+    """Like the paper's Figures 3-7, against the ranks: top-1 left, compression right."""
+    fig, axes = plt.subplots(2, 2, figsize=(12.5, 7.5), layout="constrained")
+    for row, scheme in enumerate(("local", "global")):
+        top1_panel(axes[row, 0], panels, scheme)
+        compression_panel(axes[row, 1], panels, scheme)
+    key = style.handles(panels.methods) + [
+        plt.Line2D([], [], color="grey", marker="o", mec="black", mew=0.5, label="top-1: best"),
+        plt.Line2D(
+            [], [], color="grey", marker="o", ms=10, mfc="none", ls="--", label="top-1: final"
+        ),
+    ]
+    fig.legend(handles=key, loc="outside right upper", fontsize=8)
+    return save(
+        fig,
+        "accuracy_compression_vs_ranks.png",
+        "Top row: runs at constant local batch (each rank keeps its batch, so the global "
+        "batch grows with the ranks); bottom row: runs at constant global batch "
+        f"({panels.reference} split over the ranks). Left: validation top-1 at its best "
+        "evaluation (solid line, filled marker) and at the last one (dashed line, open "
+        "ring: around the filled marker where the two are equal), with an error bar of ± "
+        "the sample sd of that run's best top-1 over its seed study where one is made with "
+        "the runs' own values (`reports/seeds-best-*`; one seed each otherwise) "
+        "against the number of ranks; right: the model's compression at the end "
+        "(parameters of the full model over those of the trained one; ddp is 1:1 by "
+        "definition). Above the dotted 1:1 line AB's factors are smaller than the weights "
+        "they replace; below it they are larger.",
+    )
 
 
 def study_top1(studies: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -274,7 +304,7 @@ def search_comparison(folders: list[Path]) -> tuple[list[dict[str, Any]], list[t
     with style.matplotlib_defaults():  # search.compare draws it; no matplotlibrc of ours
         plot(results, FIGURES / "search_comparison.png")
     style.strip_png_text(FIGURES / "search_comparison.png")  # matplotlib's version: not drawn
-    atomic_write_text(REPORTS / "search_comparison.json", json.dumps(results, indent=2))
+    write_record(REPORTS / "search_comparison.json", results)
     caption = (
         "Each backend's best validation error (100 − top-1, %) so far against its "
         "evaluations (and wall time), on the same budget; lower and further left is a "

@@ -11,11 +11,12 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from abtrain.config import model_label
-from abtrain.tracking import git_commit
+from abtrain.tracking.tracker import git_commit
 from pipeline.report import tables
 from pipeline.report.accuracy import accuracy_section
 from pipeline.report.markdown import figure
@@ -24,35 +25,42 @@ from pipeline.report.studies import lengths_section, search_section, seeds_secti
 from pipeline.report.verdict import matching_study, verdict_section
 
 
-def assemble(
-    p: dict[str, Any],
-    paper: dict[str, Any],
-    done: dict[str, dict],
-    missing: list[str],
-    acc: list[dict[str, Any]],
-    t1: list[dict[str, Any]],
-    t2: list[dict[str, Any]],
-    pics: list[tuple[str, str]],
-    search: tuple[list[Path], list[dict[str, Any]], list[tuple[str, str]]],
-    glance: tuple[str, str] | None = None,
-) -> str:
-    """reports/README.md, its sections in order: `paper` is pipeline/paper_reference.json,
-    `pics` the figures of the Figures section, `search` the searches' folders, their
-    curves and their figure (figures.search_comparison), `glance` the verdict's figure."""
+@dataclass
+class PageInputs:
+    """What the page is made from: `paper` is pipeline/paper_reference.json, `done` the
+    finished runs and `missing` the others, `acc`, `t1`, `t2` the tables' rows, `pics` the
+    figures of the Figures section, `search` the searches' folders, their curves and their
+    figure (figures.search_comparison), `glance` the verdict's figure."""
+
+    p: dict[str, Any]
+    paper: dict[str, Any]
+    done: dict[str, dict]
+    missing: list[str]
+    acc: list[dict[str, Any]]
+    t1: list[dict[str, Any]]
+    t2: list[dict[str, Any]]
+    pics: list[tuple[str, str]]
+    search: tuple[list[Path], list[dict[str, Any]], list[tuple[str, str]]]
+    glance: tuple[str, str] | None = None
+
+
+def assemble(made: PageInputs) -> str:
+    """reports/README.md, its sections in order."""
+    p, acc, t1, missing = made.p, made.acc, made.t1, made.missing
     studies = tables.seed_studies(p)
     study = matching_study(studies, acc, p)
     md = [
         *opening(p),
-        *verdict_section(p, acc, t1, paper, studies, glance),
+        *verdict_section(p, acc, t1, made.paper, studies, made.glance),
         *naming(p),
         *terms(),
         *accuracy_section(acc, missing, study, studies),
-        *traffic_section(done, t1, missing, paper),
-        *compression_section(t2, paper),
+        *traffic_section(made.done, t1, missing, made.paper),
+        *compression_section(made.t2, made.paper),
         *seeds_section(studies, study),
         *lengths_section(p),
-        *figures_section(pics),
-        *search_section(p, *search),
+        *figures_section(made.pics),
+        *search_section(p, *made.search),
     ]
     if missing:
         md += ["", f"Runs missing from this report: {', '.join(missing)}."]
@@ -122,7 +130,7 @@ TERMS = {
     "rank agreement": "at each factorisation every rank picks the rank it keeps from its own "
     "singular values (those above `ab.sigma_cutoff`·σ_max); the maximum over the world is "
     "kept, one all-reduce, so that all replicas' A and B have the same shapes.",
-    "ledger": "abtrain's record of every collective a run makes (`abtrain/ledger.py`; "
+    "ledger": "abtrain's record of every collective a run makes (`abtrain/distributed/ledger.py`; "
     "`ledger.csv` in each run folder): its payload, the bytes each rank puts on the wire on "
     "the ring or chain gloo and NCCL use, its phase, and whether that send crosses from one "
     "node to another (inter-node bytes).",

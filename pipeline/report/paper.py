@@ -193,7 +193,18 @@ def paper_scale_rates(paper: dict[str, Any]) -> list[str]:
     rates, m = result.get("rates", []), result.get("rate_model", {})
     if not rates:
         return []
-    md = [
+    return [
+        *paper_scale_intro(m, rates),
+        *paper_scale_table(paper, rates),
+        *paper_scale_notes(rates),
+        *sync_batchnorm_note(rates),
+        *buffers_paragraph(rates),
+    ]
+
+
+def paper_scale_intro(m: dict[str, Any], rates: list[dict[str, Any]]) -> list[str]:
+    """The section's heading and the time model it states."""
+    return [
         "",
         "### Table 1 at the paper's scale, predicted",
         "",
@@ -207,6 +218,10 @@ def paper_scale_rates(paper: dict[str, Any]) -> list[str]:
         "to the paper's values." + band_text(m.get("band"), rates),
         "",
     ]
+
+
+def paper_scale_table(paper: dict[str, Any], rates: list[dict[str, Any]]) -> list[str]:
+    """A row per predicted run, the paper's figures beside it."""
     head = [
         "model",
         "N",
@@ -254,15 +269,14 @@ def paper_scale_rates(paper: dict[str, Any]) -> list[str]:
                 paper_ratio_cell(paper, r),
             ]
         )
-    md += table(head, body)
-    moved = [
-        r["rate_ratio"] - r["rate_ratio_group_bn"]
-        for r in rates
-        if r.get("sync_batchnorm") == "world" and r.get("rate_ratio_group_bn")
-    ]
+    return table(head, body)
+
+
+def paper_scale_notes(rates: list[dict[str, Any]]) -> list[str]:
+    """What the columns mean, how far the prediction is from the paper, the 2-node rows."""
     gaps = [r["paper_ratio"] - r["rate_ratio"] for r in rates if r["paper_ratio"]]
     scale = [r["paper_ddp_gb_per_s"] / r["ddp_gb_per_s"] for r in rates if r["paper_ratio"]]
-    md += [
+    return [
         "",
         "N: nodes; batch: constant local (256 per GPU) or global (4,096) batch. "
         "The bytes ratio splits into its parts (each over DDP's bytes): the full-rank steps "
@@ -284,20 +298,28 @@ def paper_scale_rates(paper: dict[str, Any]) -> list[str]:
         "profile runs both (`r50-*-2n-local`, `r50-*-2n-local-wd0.01`), each against its "
         "own ddp run; weight decay moves no byte.",
     ]
-    if moved:
-        md += [
-            "",
-            "ResNet-50's SyncBatchNorm is counted as the authors ran it (`dist.sync_batchnorm: "
-            "world`): torch's SyncBatchNorm over the whole world, every step, AB phases "
-            "included, all-gathering each rank's 2C+1 statistics per BatchNorm layer forward "
-            "and all-reducing 2C gradients backward. Its bytes grow with the world, so they "
-            "weigh most at 32 nodes. Against the same runs with the statistics over the "
-            'phase\'s DDP group (column "BN per group": what an AB phase costs when its '
-            "batch statistics stay inside the node), the ResNet-50 AB/DDP rate ratio moves "
-            f"by {min(moved):+.3f} to {max(moved):+.3f}; ViT-B/16 has no BatchNorm.",
-        ]
-    md += buffers_paragraph(rates)
-    return md
+
+
+def sync_batchnorm_note(rates: list[dict[str, Any]]) -> list[str]:
+    """ResNet-50's SyncBatchNorm over the world, as the authors ran it, and what it moves."""
+    moved = [
+        r["rate_ratio"] - r["rate_ratio_group_bn"]
+        for r in rates
+        if r.get("sync_batchnorm") == "world" and r.get("rate_ratio_group_bn")
+    ]
+    if not moved:
+        return []
+    return [
+        "",
+        "ResNet-50's SyncBatchNorm is counted as the authors ran it (`dist.sync_batchnorm: "
+        "world`): torch's SyncBatchNorm over the whole world, every step, AB phases "
+        "included, all-gathering each rank's 2C+1 statistics per BatchNorm layer forward "
+        "and all-reducing 2C gradients backward. Its bytes grow with the world, so they "
+        "weigh most at 32 nodes. Against the same runs with the statistics over the "
+        'phase\'s DDP group (column "BN per group": what an AB phase costs when its '
+        "batch statistics stay inside the node), the ResNet-50 AB/DDP rate ratio moves "
+        f"by {min(moved):+.3f} to {max(moved):+.3f}; ViT-B/16 has no BatchNorm.",
+    ]
 
 
 def buffers_paragraph(rates: list[dict[str, Any]]) -> list[str]:

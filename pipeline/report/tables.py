@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
-from abtrain import schedule
-from abtrain.config import BASELINE
-from abtrain.files import atomic_write_text, read_record
-from pipeline.common import RUNS, SEARCHES, best_config, resolve, runs
+from abtrain.config import BASELINE, comparison_point
+from abtrain.files import atomic_write_text, read_record, write_record
+from abtrain.method import schedule
+from pipeline.matrix import best_config, resolve, runs
+from pipeline.stage import RUNS, SEARCHES
 from pipeline.train import scalars
 
 REPORTS = Path("reports")
@@ -43,20 +44,22 @@ def load_runs(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def baseline(done: dict[str, dict], s: dict) -> dict | None:
-    """The ddp run of the same model, data, scale and batch scheme; of several (the paper
-    profile's two 2-node weight decays), the one whose name ends most like the run's."""
-    r = s["run"]
-    found = [
-        o
-        for o in done.values()
-        if o["method"] == "ddp" and all(o["run"].get(k) == r.get(k) for k in SCALE_KEYS)
-    ]
+    """The ddp run of the same comparison point (`abtrain.config.comparison_point`); of
+    several (the paper profile's two 2-node weight decays), the one whose name ends most
+    like the run's."""
+    found = [o for o in done.values() if o["method"] == BASELINE and point(o) == point(s)]
+    name = s["run"].get("name", "")
 
     def common_tail(o: dict) -> int:
-        names = (o["run"].get("name", ""), r.get("name", ""))
-        return len(os.path.commonprefix([n[::-1] for n in names]))
+        return len(os.path.commonprefix([o["run"].get("name", "")[::-1], name[::-1]]))
 
     return max(found, key=common_tail, default=None)
+
+
+def point(s: dict) -> str:
+    """A finished run's comparison point, from its result file."""
+    r = s["run"]
+    return comparison_point(r["model"], r["data"], s["nodes"], s["ranks_per_node"], s["batch_size"])
 
 
 def per_step(s: dict) -> float:
@@ -116,7 +119,7 @@ def write_metrics(ratios: dict[str, dict[str, float]]) -> None:
         if stale.stem not in ratios:
             stale.unlink()
     for name, m in ratios.items():
-        atomic_write_text(METRICS / f"{name}.json", json.dumps(m, indent=2))
+        write_record(METRICS / f"{name}.json", m)
 
 
 def ecr(compression: float, f: float = 25.0, low: float = 75.0) -> float:
@@ -515,7 +518,7 @@ NETWORK_RATES = Path("bench/results/network-rates.json")
 def made_like_the_matrix(p: dict[str, Any], run: dict[str, Any]) -> bool:
     """Whether a bench.network per-rate file's runs were made with the values the matrix's
     runs of their methods train with now (bench.network's default), measurement aside."""
-    from pipeline.common import BENCHMARK_SETS, last_of_each_key, matrix_sets
+    from pipeline.matrix import BENCHMARK_SETS, last_of_each_key, matrix_sets
 
     try:
         methods = [r["method"] for r in run["results"]]

@@ -75,8 +75,8 @@ def lead_text(shape: dict[str, Any], method: str) -> str:
 
 def ties(shapes: list[dict[str, Any]]) -> str:
     """Where the measured first is not the model's: by how much it was ahead, which the
-    model's error covers (abtrain.timing.MODEL_ERROR)."""
-    from abtrain.timing import MODEL_ERROR
+    model's error covers (abtrain.predict.timing.MODEL_ERROR)."""
+    from abtrain.predict.timing import MODEL_ERROR
 
     said = []
     for s in shapes:
@@ -120,67 +120,98 @@ def verdict(
     main = shapes[0] if shapes else None
     ab_first = any(x["method"] == "ab" for s in shapes for x in s["leads"])
     below = study["diff"]["mean"] < 0 if study else bool(own) and max(own) < 0
-    if ab_first:
-        head = "on this CPU-sized profile AB training pays off only on some links (below)."
-    elif shapes and below:
-        head = "on this CPU-sized profile AB training does not pay off."
-    elif below:
-        head = "on this CPU-sized profile AB training saves bytes at a cost in accuracy."
-    else:
-        head = "on this CPU-sized profile AB training saves bytes at no measured cost in accuracy."
     # one short sentence a line: the README's first screen is read, not scrolled
-    text = [f"**Verdict: {head}**", ""]
+    text = [f"**Verdict: {head_of(ab_first, bool(shapes), below)}**", ""]
     tradeoff = tables.tradeoff_study(p)
     if tradeoff:  # the question a researcher asks first: what a byte budget buys
         text.append(tradeoff_line(tradeoff["verdict"]))
-    text += [
+    text += bytes_and_accuracy(ab_t1, study, own)
+    lengths = tables.lengths_study(p)
+    if lengths:  # is the gap the method or the short training?
+        text.append(lengths_line(lengths["verdict"]))
+    if shapes:
+        text += first_to_target(shapes, ab_first)
+    text += against_the_paper(paper, ab_t1, gb_per_s)
+    how = [
+        "Bytes: inter-node bytes per rank as the ledger counts them, over DDP's at the same "
+        "scale. Δ: best top-1 minus DDP's in percentage points; ± is the sample sd over the "
+        "seeds of a seed study made with the runs' own values, (1 seed) the matrix's run."
+    ]
+    if shapes:
+        how.append(how_first_to_target(p, shapes))
+    lines, apart = verdict_table(p, acc, t1, studies, main)
+    return ["\n".join(text), "", *lines, "", *[x for note in how + apart for x in (note, "")][:-1]]
+
+
+def head_of(ab_first: bool, benchmarked: bool, below: bool) -> str:
+    """The verdict's one sentence."""
+    if ab_first:
+        return "on this CPU-sized profile AB training pays off only on some links (below)."
+    if benchmarked and below:
+        return "on this CPU-sized profile AB training does not pay off."
+    if below:
+        return "on this CPU-sized profile AB training saves bytes at a cost in accuracy."
+    return "on this CPU-sized profile AB training saves bytes at no measured cost in accuracy."
+
+
+def bytes_and_accuracy(
+    ab_t1: list[dict[str, Any]], study: dict[str, Any] | None, own: list[float]
+) -> list[str]:
+    """AB's bytes over DDP's, and its best top-1 against DDP's (the seed study, else the
+    matrix's single seeds)."""
+    lines = [
         f"- It sends {span([r['ratio_to_ddp'] for r in ab_t1], '.3f')} of DDP's inter-node "
         f"bytes ({len(ab_t1)} scale{'s' * (len(ab_t1) > 1)}).",
     ]
     if study:
         d = study["diff"]
-        text.append(
+        lines.append(
             f"- Its best top-1 is {abs(d['mean']):.2f} ± {d['sd']:.2f} points "
             f"{'below' if d['mean'] < 0 else 'above'} DDP's ({d['n']} seeds of {d['of']}: "
             f"{', '.join(f'{v:+.2f}' for v in d['per_seed'].values())}; "
             f"`reports/{study['folder']}/`)."
         )
     elif own:
-        text.append(
+        lines.append(
             f"- It is {span([-x for x in own], '.2f')} points of best top-1 below DDP's (one "
             "seed per scale: no seed study here is made with the runs' values)."
         )
-    lengths = tables.lengths_study(p)
-    if lengths:  # is the gap the method or the short training?
-        text.append(lengths_line(lengths["verdict"]))
-    if shapes:
+    return lines
 
-        def firsts(s: dict[str, Any]) -> str:
-            named = [
-                (NAMES.get(x["method"], x["method"]), lead_text(s, x["method"])) for x in s["leads"]
-            ]
-            first = f"{named[0][0]} is first {named[0][1]}"
-            return ", ".join([first, *(f"{name} {where}" for name, where in named[1:])])
 
-        others = "".join(f"; {shape_name(s)}: {firsts(s)}" for s in shapes[1:])
-        against = [s for s in shapes if s.get("ab_ahead_of_ddp_below")]
-        ahead = (
-            "; against DDP alone, the paper's only baseline, it is first below "
-            + ", ".join(f"{mbit(s['ab_ahead_of_ddp_below'])} on {shape_name(s)}" for s in against)
-            if against
-            else ""
-        )
-        text.append(
-            f"- It is never first to the target accuracy at any emulated link rate from "
-            f"{mbit(main['grid'][0])} to {mbit(main['grid'][1])} (of {len(main['methods'])} "
-            f"methods){ahead}."
-            if not ab_first
-            else "- It is first to the target accuracy on some emulated links only."
-        )
-        text.append(
-            f"- {firsts(main)} ({main['nodes']} nodes × {main['ranks_per_node']} ranks{others}; "
-            f"the time model's ranking{ties(shapes)})."
-        )
+def firsts(s: dict[str, Any]) -> str:
+    """Who is first to the target on shape `s`, and where."""
+    named = [(NAMES.get(x["method"], x["method"]), lead_text(s, x["method"])) for x in s["leads"]]
+    first = f"{named[0][0]} is first {named[0][1]}"
+    return ", ".join([first, *(f"{name} {where}" for name, where in named[1:])])
+
+
+def first_to_target(shapes: list[dict[str, Any]], ab_first: bool) -> list[str]:
+    """The network benchmark's lines: whether AB is ever first, and who is where."""
+    main = shapes[0]
+    others = "".join(f"; {shape_name(s)}: {firsts(s)}" for s in shapes[1:])
+    against = [s for s in shapes if s.get("ab_ahead_of_ddp_below")]
+    ahead = (
+        "; against DDP alone, the paper's only baseline, it is first below "
+        + ", ".join(f"{mbit(s['ab_ahead_of_ddp_below'])} on {shape_name(s)}" for s in against)
+        if against
+        else ""
+    )
+    return [
+        f"- It is never first to the target accuracy at any emulated link rate from "
+        f"{mbit(main['grid'][0])} to {mbit(main['grid'][1])} (of {len(main['methods'])} "
+        f"methods){ahead}."
+        if not ab_first
+        else "- It is first to the target accuracy on some emulated links only.",
+        f"- {firsts(main)} ({main['nodes']} nodes × {main['ranks_per_node']} ranks{others}; "
+        f"the time model's ranking{ties(shapes)}).",
+    ]
+
+
+def against_the_paper(
+    paper: dict[str, Any], ab_t1: list[dict[str, Any]], gb_per_s: bool
+) -> list[str]:
+    """The paper's claim, what its Table 1 measures, and (`gb_per_s`) this machine's GB/s."""
 
     def scheme_text(rows: list[Any], scheme: str) -> str:
         return f"{mean_sd(rows)} at constant {scheme} batch"
@@ -193,7 +224,7 @@ def verdict(
         k: [r["rate_ratio_to_ddp"] for r in ab_t1 if r.get("rate_ratio_to_ddp") and r["batch"] == k]
         for k in ("local", "global")
     }
-    text += [
+    return [
         "- The paper's reduction of network traffic (\""
         + paper["table2"]["measured_reduction_claim"]
         + '") is measured in GB/s, traffic over wall time, not in bytes.',
@@ -209,39 +240,32 @@ def verdict(
         ),
         "- The paper's accuracy at its scale (ImageNet on GPU clusters) is not tested here.",
     ]
-    how = [
-        "Bytes: inter-node bytes per rank as the ledger counts them, over DDP's at the same "
-        "scale. Δ: best top-1 minus DDP's in percentage points; ± is the sample sd over the "
-        "seeds of a seed study made with the runs' own values, (1 seed) the matrix's run."
-    ]
-    if shapes:
-        checked = [m for s in shapes for m in s["measured"]]
-        agree = sum(m["fastest"] == m["model"] for m in checked)
-        made = (
-            f"the values of the matrix's {shape_name(main)} runs, evaluated every 10 steps"
-            if main.get("matrix_values")
-            else f"{main['steps']} steps of its own schedule, not the matrix's values"
-            if main["steps"]
-            else "its own values"
+
+
+def how_first_to_target(p: dict[str, Any], shapes: list[dict[str, Any]]) -> str:
+    """How "first to the target" was measured, and how often the time model agrees."""
+    main = shapes[0]
+    checked = [m for s in shapes for m in s["measured"]]
+    agree = sum(m["fastest"] == m["model"] for m in checked)
+    made = (
+        f"the values of the matrix's {shape_name(main)} runs, evaluated every 10 steps"
+        if main.get("matrix_values")
+        else f"{main['steps']} steps of its own schedule, not the matrix's values"
+        if main["steps"]
+        else "its own values"
+    )
+    return (
+        "First to the target: the emulated-cluster benchmark "
+        f"(`bench/results/network-rates.json`; one seed, made with {made}; target "
+        f"{main['target_top1']:.2f}% top-1 on {shape_name(main)}), measured at "
+        + " and ".join(
+            f"{len(s['measured'])} link rate{'s' * (len(s['measured']) > 1)} on {shape_name(s)}"
+            for s in shapes
         )
-        how.append(
-            "First to the target: the emulated-cluster benchmark "
-            f"(`bench/results/network-rates.json`; one seed, made with {made}; target "
-            f"{main['target_top1']:.2f}% top-1 on {shape_name(main)}), measured at "
-            + " and ".join(
-                f"{len(s['measured'])} link rate{'s' * (len(s['measured']) > 1)} on {shape_name(s)}"
-                for s in shapes
-            )
-            + f". Between them the time model (`abtrain.timing.ToTarget`, as `abtrain plan` uses "
-            f"it) names the measured fastest at {agree} of those {len(checked)}"
-            + (
-                "."
-                if main["model"] == p["train"]["model"]
-                else f", made with {tables.EARLIER_MODEL}."
-            )
-        )
-    lines, apart = verdict_table(p, acc, t1, studies, main)
-    return ["\n".join(text), "", *lines, "", *[x for note in how + apart for x in (note, "")][:-1]]
+        + f". Between them the time model (`abtrain.predict.timing.ToTarget`, as `abtrain plan` uses "
+        f"it) names the measured fastest at {agree} of those {len(checked)}"
+        + ("." if main["model"] == p["train"]["model"] else f", made with {tables.EARLIER_MODEL}.")
+    )
 
 
 def verdict_table(
@@ -326,7 +350,7 @@ def verdict_section(
 
 
 def tradeoff_line(sentence: str) -> str:
-    """The trade-off study's sentence (bench.tradeoff.verdict) as a line of the verdict."""
+    """The trade-off study's sentence (bench.tradeoff.page.verdict) as a line of the verdict."""
     return f"- Accuracy against bytes (`reports/tradeoff/`): {sentence[0].lower()}{sentence[1:]}"
 
 

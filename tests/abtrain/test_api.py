@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from abtrain import models, schedule, sync
+from abtrain import models
+from abtrain.method import schedule, sync
 from tests.helpers import ROOT, launch, spawn, summary, tiny_config
 
 # A ViT, a ResNet, a ConvNeXt (depthwise 7×7 convs) and a RegNet (grouped convs), shrunk to
@@ -36,7 +37,7 @@ def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _build(arch: str, kwargs: dict, cfg):
     import timm
 
-    from abtrain.abtraining import ABTraining
+    from abtrain.method.abtraining import ABTraining
 
     torch.manual_seed(0)
     model = timm.create_model(arch, pretrained=False, num_classes=10, **kwargs)
@@ -165,9 +166,9 @@ BITS = ("method=ab", "checkpoint_every=0")
 
 def _plain_loop(rank: int, world: int) -> dict:
     """abtrain's batches, model and AdamW, driven by a loop written against the API."""
-    from abtrain.abtraining import ABTraining
-    from abtrain.loader import StepSampler
-    from abtrain.tasks import make_task
+    from abtrain.data.datasets import make_task
+    from abtrain.data.loader import StepSampler
+    from abtrain.method.abtraining import ABTraining
 
     torch.set_num_threads(1)  # as torchrun sets it: a matmul's sums in the same order
     cfg = tiny_config(*BITS)

@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from abtrain import guidelines, lowrank, preflight
 from abtrain.__main__ import main
+from abtrain.commands import preflight
 from abtrain.config import ConfigError, MethodConfig
-from abtrain.guidelines import load_config as load
+from abtrain.method import guidelines, lowrank
+from abtrain.method.guidelines import load_config as load
 from tests.abtrain.test_data import write_tree
 from tests.helpers import PARAMS, ROOT, TINY, spawn, summary
 from tests.helpers import launch as launch_run
@@ -82,7 +83,7 @@ class TiedAutoencoder(nn.Module):
 
 
 def _loop_with_every_edge(rank: int, world: int) -> dict:
-    from abtrain.abtraining import ABTraining
+    from abtrain.method.abtraining import ABTraining
 
     torch.manual_seed(0)
     model = TiedAutoencoder()

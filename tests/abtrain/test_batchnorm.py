@@ -8,8 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from abtrain import batchnorm, checkpointer, traffic
-from abtrain.ledger import Ledger
+from abtrain.distributed import batchnorm
+from abtrain.distributed.ledger import Ledger
+from abtrain.predict import traffic
+from abtrain.run import checkpointer
 from tests.abtrain.test_data import write_tree
 from tests.helpers import PARAMS, ROOT, launch, spawn, summary, tiny_config
 
@@ -117,7 +119,7 @@ def test_resnet50_ranks_hold_identical_batchnorm_statistics_after_every_step(
         same = all(torch.equal(own[0][k], own[1][k]) for k in stats)
         assert same == (sync != "local"), step  # per-rank statistics differ without it
     # the planner counts the synced statistics' traffic exactly
-    predicted = traffic.plan(tiny_config(*overrides), nodes=2, ranks_per_node=1, classes=2)
+    predicted = traffic.estimate(tiny_config(*overrides), nodes=2, ranks_per_node=1, classes=2)
     measured = summary(tmp_path / "run")["traffic"]["inter_node_bytes"]
     assert predicted.inter_bytes == pytest.approx(measured, rel=1e-9), tmp_path
 

@@ -12,14 +12,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from abtrain import evaluation, methods, models, process, results
-from abtrain.abtraining import ABTraining
-from abtrain.checkpointer import Checkpointer
+from abtrain import models
 from abtrain.config import ConfigError
+from abtrain.distributed import process
+from abtrain.distributed.ledger import Ledger
 from abtrain.files import take_folder
-from abtrain.ledger import Ledger
-from abtrain.progress import Progress
-from abtrain.runstate import RunState
+from abtrain.method import methods
+from abtrain.method.abtraining import ABTraining
+from abtrain.run import evaluation, results
+from abtrain.run.checkpointer import Checkpointer
+from abtrain.run.progress import Progress
+from abtrain.run.runstate import RunState
 from tests.helpers import tiny_config
 
 

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from abtrain import config, methods
+from abtrain import config
 from abtrain.__main__ import main
+from abtrain.method import methods
 from tests.abtrain.test_data import write_tree
 from tests.helpers import PARAMS, ROOT, tiny_config
 
@@ -58,11 +59,11 @@ def test_only_no_groups_takes_the_authors_split_of_sigma():
 
 def test_no_groups_in_node_groups_forms_b_groups_of_that_size():
     """The authors' committed VGG16 config: only-b with group_size 4."""
-    from abtrain import groups
+    from abtrain.distributed import groups
 
     cfg = tiny_config("method=ab_nogroups", "ab.group_size=2")
     assert methods.check_world(cfg, 4, 2) == 2
-    assert groups.plan(4, 2, all_train_b=True) == [([0, 1], "b"), ([2, 3], "b")]
+    assert groups.roles(4, 2, all_train_b=True) == [([0, 1], "b"), ([2, 3], "b")]
     with pytest.raises(config.ConfigError, match="needs ab.sync_mode with_stale or rank0"):
         methods.check_world(
             tiny_config("method=ab_nogroups", "ab.group_size=2", "ab.sync_mode=only_learned"), 4, 2

@@ -18,7 +18,8 @@ import pytest
 import torch
 from PIL import Image
 
-from abtrain import config, loader, prepare, sources, tasks
+from abtrain import config
+from abtrain.data import datasets, loader, prepare, sources
 from tests.helpers import ROOT, tiny_config
 
 SHARED_CIFAR = ROOT.parent / "shared" / "data" / "cifar10-jpg.tar.gz"
@@ -140,7 +141,7 @@ def test_large_images_stay_files_and_batches_are_reproducible(tmp_path):
     )
     meta = prepare.prepare(cfg.data)
     assert not meta["cached"] and (tmp_path / "p" / "files").is_dir()
-    task = tasks.make_task(cfg)
+    task = datasets.make_task(cfg)
     sampler = loader.StepSampler(len(task), 2, rank=1, world_size=2, seed=0)
     x, y = task.train_batch(sampler, 3)
     assert x.shape == (2, 3, 72, 72) and y.shape == (2,)
@@ -247,13 +248,13 @@ def test_training_refuses_unprepared_or_stale_data(tmp_path):
         "train_per_class: 0, val_per_class: 0, real_labels: null, image_size: 32, augment: true, workers: 1}"
     )
     with pytest.raises(sources.DataError, match="is not prepared"):
-        tasks.make_task(cfg)
+        datasets.make_task(cfg)
     write_tree(tmp_path)
     prepare.prepare(cfg.data)
-    tasks.make_task(cfg)
+    datasets.make_task(cfg)
     stale = cfg.model_copy(update={"data": cfg.data.model_copy(update={"train_per_class": 1})})
     with pytest.raises(sources.DataError, match="another data config"):
-        tasks.make_task(stale)
+        datasets.make_task(stale)
 
 
 # ---------------------------------------------------------------- batches ahead of the step
@@ -284,7 +285,7 @@ def file_task(tmp_path: Path, workers: int = 2, augment: bool = True, batch: int
         f"augment: {str(augment).lower()}, workers: {workers}}}",
     )
     prepare.prepare(cfg.data)
-    task = tasks.make_task(cfg)
+    task = datasets.make_task(cfg)
     assert not task.meta["cached"]
     return task
 
@@ -293,7 +294,7 @@ def cached_task(tmp_path: Path, workers: int = 2):
     write_tree(tmp_path / "tree", per_class=6)
     d = image_cfg(source=str(tmp_path / "tree"), prepared=str(tmp_path / "p"), workers=workers)
     prepare.prepare(d)
-    task = tasks.make_task(tiny_config().model_copy(update={"data": d}))
+    task = datasets.make_task(tiny_config().model_copy(update={"data": d}))
     assert task.meta["cached"]
     return task
 
@@ -325,7 +326,7 @@ def test_train_batches_decode_in_worker_processes_ahead_of_the_consumer(tmp_path
             f.write(f"{os.getpid()}\n")
         return load(path, size, g)
 
-    monkeypatch.setattr(tasks, "_load", spying_load)  # the forked workers inherit it
+    monkeypatch.setattr(datasets, "_load", spying_load)  # the forked workers inherit it
     sampler = loader.StepSampler(len(task), 3, rank=0, world_size=1, seed=0)
     batches = task.train_batches(sampler, 0, 3 * sampler.steps_per_epoch)
     next(batches)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from abtrain import checkpointer
+from abtrain.run import checkpointer
 from tests.helpers import PARAMS, ROOT, TINY, launch, summary
 
 pytestmark = pytest.mark.multiprocess  # every case runs the launcher and torchrun
@@ -528,7 +528,7 @@ def test_a_rendezvous_port_another_process_holds_is_named_on_the_last_line(
     """Another process takes the port between the launcher's pick and node 0's torchrun
     listening on it (a race two launches at once can lose): the last line names the port,
     and does not blame node 1, which was only waiting to meet."""
-    from abtrain import localrun as launcher
+    from abtrain.commands import localrun as launcher
 
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_A_PORT], stdout=subprocess.PIPE, text=True

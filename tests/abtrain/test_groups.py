@@ -1,20 +1,20 @@
 import pytest
 
-from abtrain import groups
+from abtrain.distributed import groups
 
 
 def test_node_groups_first_half_train_a():
-    assert groups.plan(4, 2) == [([0, 1], "a"), ([2, 3], "b")]
-    assert groups.plan(8, 2) == [([0, 1], "a"), ([2, 3], "a"), ([4, 5], "b"), ([6, 7], "b")]
+    assert groups.roles(4, 2) == [([0, 1], "a"), ([2, 3], "b")]
+    assert groups.roles(8, 2) == [([0, 1], "a"), ([2, 3], "a"), ([4, 5], "b"), ([6, 7], "b")]
 
 
 def test_odd_group_count_gives_the_extra_group_to_b():
-    assert groups.plan(6, 2) == [([0, 1], "a"), ([2, 3], "b"), ([4, 5], "b")]
+    assert groups.roles(6, 2) == [([0, 1], "a"), ([2, 3], "b"), ([4, 5], "b")]
 
 
 def test_individual_and_no_groups():
-    assert groups.plan(4, 1) == [([0], "a"), ([1], "a"), ([2], "b"), ([3], "b")]
-    assert groups.plan(4, 4, all_train_b=True) == [([0, 1, 2, 3], "b")]
+    assert groups.roles(4, 1) == [([0], "a"), ([1], "a"), ([2], "b"), ([3], "b")]
+    assert groups.roles(4, 4, all_train_b=True) == [([0, 1, 2, 3], "b")]
 
 
 @pytest.mark.parametrize(

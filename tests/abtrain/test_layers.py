@@ -14,10 +14,12 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrizations
 
-from abtrain import localrun, lowrank, preflight, results
 from abtrain.__main__ import main
+from abtrain.commands import localrun, preflight
+from abtrain.commands.preflight import check_model
 from abtrain.config import ConfigError
-from abtrain.preflight import check_model
+from abtrain.method import lowrank
+from abtrain.run import results
 from tests.helpers import PARAMS, TINY, tiny_config
 
 
@@ -555,7 +557,7 @@ def test_a_python_model_without_a_linear_or_conv2d_is_refused(tmp_path, monkeypa
 
 
 def test_summary_names_the_layers_kept_full_rank_and_why():
-    from abtrain.runstate import RunState
+    from abtrain.run.runstate import RunState
 
     model = nn.Sequential(nn.Linear(4, 8), nn.Conv2d(8, 8, 3, groups=8), nn.Linear(8, 8))
     run = RunState(evals=[dict(step=1, val_top1=50.0, val_loss=1.0)])

@@ -2,8 +2,8 @@ import pytest
 import torch
 from torch import nn
 
-from abtrain import lowrank
-from abtrain.ledger import Ledger
+from abtrain.distributed.ledger import Ledger
+from abtrain.method import lowrank
 from tests.helpers import spawn
 
 
@@ -88,12 +88,12 @@ def test_the_authors_no_groups_split_gives_all_of_sigma_to_the_trained_factor(to
 
 
 def _nogroups_split(rank, world):
-    from abtrain import sync
+    from abtrain.method import sync
 
     layer = lowrank.LowRankLayer(nn.Linear(6, 8))
     with torch.no_grad():
         layer.weight.copy_(with_spectrum([5.0, 3.0, 1.0, 0.5, 0.2, 0.1], m=8, n=6))
-    sync.factorize({"l": layer}, 0.15, "b", Ledger(rank, [0, 1]), split_sigma=False)
+    sync.factorize_layers({"l": layer}, 0.15, "b", Ledger(rank, [0, 1]), split_sigma=False)
     return layer.a.norm(dim=0).tolist(), layer.b.norm(dim=1).tolist(), layer.b.requires_grad
 
 
@@ -159,7 +159,7 @@ def test_compression_counts_every_parameter():
 
 
 def _agree(rank, world):
-    from abtrain import sync
+    from abtrain.method import sync
 
     torch.manual_seed(0)
     layer = lowrank.LowRankLayer(nn.Linear(9, 12))
@@ -172,7 +172,7 @@ def _agree(rank, world):
     with torch.no_grad():
         layer.weight.copy_(with_spectrum([float(s) for s in spectra[rank]], seed=rank))
     own = lowrank.keep_rank(lowrank.svd(layer.weight.detach())[1], 0.15)
-    ranks = sync.factorize({"l": layer}, 0.15, "a", Ledger(rank, [0, 0, 1, 1]))
+    ranks = sync.factorize_layers({"l": layer}, 0.15, "a", Ledger(rank, [0, 0, 1, 1]))
     return own, ranks["l"], tuple(layer.a.shape), tuple(layer.b.shape)
 
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 import yaml
 
-from abtrain import config, lowrank, models
+from abtrain import config, models
 from abtrain.config import ConfigError
+from abtrain.method import lowrank
 from abtrain.models.init import ortho_sigma_
 from tests.helpers import ROOT, tiny_config
 

@@ -15,10 +15,12 @@ import yaml
 from PIL import Image
 
 from abtrain import config as abconfig
-from abtrain import prepare, schedule, traffic
-from abtrain.loader import StepSampler
-from abtrain.sources import DataError, _Tree
-from pipeline import common
+from abtrain.data import prepare
+from abtrain.data.loader import StepSampler
+from abtrain.data.sources import DataError, _Tree
+from abtrain.method import schedule
+from abtrain.predict import traffic
+from pipeline import matrix
 from tests.helpers import PARAMS, ROOT
 
 PAPER = yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text())
@@ -26,8 +28,8 @@ IMAGENET_TRAIN = 1_281_167
 
 
 def paper_run(name: str, *more: str) -> abconfig.Config:
-    run = common.runs(PAPER)[name]
-    sets = [o.text for o in common.resolve(PAPER, run, None, size=IMAGENET_TRAIN)]
+    run = matrix.runs(PAPER)[name]
+    sets = [o.text for o in matrix.resolve(PAPER, run, None, size=IMAGENET_TRAIN)]
     return abconfig.from_dict(PAPER["train"], [*sets, *more])
 
 
@@ -183,7 +185,7 @@ def test_the_sizes_docs_choices_quotes():
     vit, r50 = paper_run("vit-ab-4n-local"), paper_run("r50-ab-4n-local")
     w = traffic.authors_w_allreduce(vit, 4, 4, 1000)
     assert (w["bytes"], w["inter_bytes_per_sync"]) == (345_169_920, 161_798_400)
-    total = traffic.plan(vit, 4, 4, 1000).inter_bytes
+    total = traffic.estimate(vit, 4, 4, 1000).inter_bytes
     assert math.isclose(w["syncs"] * w["inter_bytes_per_sync"] / total, 0.0009, abs_tol=5e-5)
     w = traffic.authors_w_allreduce(r50, 4, 4, 1000)
     assert (w["bytes"], w["inter_bytes_per_sync"]) == (102_011_648, 47_817_960)

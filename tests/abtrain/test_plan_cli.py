@@ -9,11 +9,11 @@ import re
 import pytest
 import yaml
 
-from abtrain import schedule
 from abtrain.__main__ import main
+from abtrain.commands.preflight import data_classes
 from abtrain.config import ConfigError, from_dict
-from abtrain.preflight import data_classes
-from abtrain.timing import link_bytes_per_s
+from abtrain.method import schedule
+from abtrain.predict.timing import link_bytes_per_s
 from tests.helpers import PARAMS, ROOT
 
 UNSHAPED = ROOT / "bench/results/network-unshaped.json"
@@ -226,8 +226,8 @@ def test_measure_times_each_phase_without_its_first_step_and_charges_phase_chang
 ):
     """--measure's reading of the runs (the runs faked): each phase's mean leaves out its
     first step; the training time that leaves unexplained beyond ddp's goes to 'sync'."""
-    import abtrain.localrun
-    from abtrain.plan import measure_compute
+    import abtrain.commands.localrun
+    from abtrain.commands.plan import measure_compute
 
     logs = {
         "ddp": [("full", 0.5)] + [("full", 0.2)] * 5,
@@ -250,7 +250,7 @@ def test_measure_times_each_phase_without_its_first_step_and_charges_phase_chang
         (Path(out) / "summary.json").write_text(json.dumps({"evals": [{"seconds": elapsed}]}))
         return 0
 
-    monkeypatch.setattr(abtrain.localrun, "run_local", fake)
+    monkeypatch.setattr(abtrain.commands.localrun, "run_local", fake)
     got = measure_compute(str(PARAMS), [], ["ddp", "ab"], 2, 1)
     assert got["ddp"] == {"full": pytest.approx(0.2)}
     ab = got["ab"]

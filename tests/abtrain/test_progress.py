@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from abtrain.__main__ import done_line
-from abtrain.progress import Progress
+from abtrain.run.progress import Progress
 
 
 def run_through(progress: Progress, steps: range) -> None:

@@ -3,7 +3,8 @@ each distinct state once: checked on real 2 × 2 runs with many gradient buckets
 
 import pytest
 
-from abtrain import checkpointer, ledger
+from abtrain.distributed import ledger
+from abtrain.run import checkpointer
 from bench.footprint import checkpoint_bytes, kept_bytes, one_copy_bytes
 from tests.helpers import launch, summary, tiny_config
 

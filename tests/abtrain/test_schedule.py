@@ -1,7 +1,7 @@
 import pytest
 
-from abtrain import schedule
-from abtrain.schedule import Phase
+from abtrain.method import schedule
+from abtrain.method.schedule import Phase
 from tests.helpers import tiny_config
 
 

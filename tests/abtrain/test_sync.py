@@ -2,8 +2,9 @@ import pytest
 import torch
 from torch import nn
 
-from abtrain import groups, lowrank, sync
-from abtrain.ledger import Ledger
+from abtrain.distributed import groups
+from abtrain.distributed.ledger import Ledger
+from abtrain.method import lowrank, sync
 from tests.helpers import spawn
 
 pytestmark = pytest.mark.multiprocess  # every test spawns gloo ranks
@@ -12,9 +13,9 @@ pytestmark = pytest.mark.multiprocess  # every test spawns gloo ranks
 def _sync(rank, world, mode):
     model = nn.Sequential(nn.Linear(3, 2))
     layers = lowrank.convert(model, [])
-    plan = groups.plan(world, 2)
+    roles = groups.roles(world, 2)
     pgs = groups.ProcessGroups()
-    g = groups.build(rank, plan, mode == "only_learned", [0, 0, 1, 1], pgs)
+    g = groups.build(rank, roles, mode == "only_learned", [0, 0, 1, 1], pgs)
     layer = layers["0"]
     # Every rank holds different A, B and bias, as after an AB phase.
     layer.set_factors(torch.full((2, 1), rank + 1.0), torch.full((1, 3), 10.0 * (rank + 1)), g.role)
@@ -82,7 +83,7 @@ def test_a_broadcast_enters_each_other_node_once_even_from_a_rank_that_heads_no_
 def _rank0(rank, world):
     model = nn.Sequential(nn.Linear(3, 2))  # W is 2 x 3, wide: A is 3 x k, B is k x 2
     layers = lowrank.convert(model, [])
-    g = groups.build(rank, groups.plan(world, 2, all_train_b=True), False, [0, 0, 1, 1])
+    g = groups.build(rank, groups.roles(world, 2, all_train_b=True), False, [0, 0, 1, 1])
     layer = layers["0"]
     layer.set_factors(torch.full((3, 1), rank + 1.0), torch.full((1, 2), 10.0 * (rank + 1)), "b")
     with torch.no_grad():

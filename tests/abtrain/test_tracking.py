@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from abtrain.mlflow_browser import free_port
+from abtrain.commands.localrun import free_port
 from tests.helpers import launch, summary
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -90,7 +90,7 @@ def test_run_logs_params_tags_metrics_and_artifacts(tracked):
 
 @pytest.mark.multiprocess
 def test_run_names_and_tags_tell_matrix_points_apart(tracked):
-    from abtrain.tracking import run_name_for
+    from abtrain.tracking.tracker import run_name_for
     from tests.helpers import tiny_config
 
     d, _, _, runs, _ = tracked
@@ -128,7 +128,7 @@ def test_experiment_is_marked_for_training_and_keeps_artifacts_beside_the_store(
         assert run.info.artifact_uri.startswith((d / "mlartifacts").as_uri())
     assert (d / "mlartifacts").is_dir() and not (d / "mlruns").exists()
     # an experiment made elsewhere gets the kind when abtrain first uses it
-    from abtrain.tracking import experiment_id
+    from abtrain.tracking.tracker import experiment_id
 
     other = client.create_experiment("made-elsewhere")
     assert experiment_id(client, "made-elsewhere", "sqlite:///x.db") == other
@@ -206,7 +206,7 @@ def per_step(s: dict) -> float:
 def test_headline_is_rounded_compared_with_ddp_and_leads_the_description(tracked):
     """AB finished first, without a DDP run of its point to compare with; DDP, at its end,
     gave it its `Bytes vs DDP` (pipeline/report/tables.py's vs_ddp, rounded)."""
-    from abtrain.mlflow_ui import NOTE_START
+    from abtrain.tracking.views import NOTE_START
 
     d, _, client, runs, _ = tracked
     ab, ddp = summary(d / "ab"), summary(d / "ddp")
@@ -240,7 +240,7 @@ def test_headline_is_rounded_compared_with_ddp_and_leads_the_description(tracked
 def _finished(client, uri, tmp_path, name, method, batch, ab_bytes=None):
     """A run through Tracker as the trainer drives it, its summary.json written by hand."""
     from abtrain import config
-    from abtrain.tracking import Tracker, run_tags
+    from abtrain.tracking.tracker import Tracker, run_tags
     from tests.helpers import PARAMS, TINY
 
     out = tmp_path / name
@@ -380,8 +380,8 @@ def test_key_figures_and_whole_run_names_fit_the_first_screen_in_headless_chromi
     """In a 1400 x 900 window (MLflow's Assistant panel closed, as from a browser's second
     visit on): each run's name and headline figures in the runs table's Key figures view,
     and a run's figures atop its page; the compare view sorts them first in its metrics."""
-    from abtrain.mlflow_browser import Browser, chromium, mlflow_server, stop
-    from abtrain.mlflow_ui import HEADLINE, NOTE_START, key_figures_link
+    from abtrain.tracking.views import HEADLINE, NOTE_START, key_figures_link
+    from tools.mlflow_browser import Browser, chromium, mlflow_server, stop
 
     if chromium() is None:
         pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
@@ -468,7 +468,7 @@ def test_key_figures_and_whole_run_names_fit_the_first_screen_in_headless_chromi
 def test_logged_model_names_follow_the_run_and_pass_mlflows_check():
     from mlflow.utils.validation import _validate_logged_model_name
 
-    from abtrain.tracking import model_name
+    from abtrain.tracking.tracker import model_name
 
     for run, want in (
         ("ab-2x2", "ab-2x2"),
@@ -484,7 +484,9 @@ def test_experiment_carries_a_key_figures_view_of_metrics_the_runs_log(tmp_path)
     """The runs table's columns come from the saved view, an experiment tag; its metrics
     are ones a training run (final_metrics, headline) or a search's parent (best_error)
     logs."""
-    from abtrain.mlflow_ui import (
+    from abtrain.run.results import final_metrics
+    from abtrain.tracking.tracker import experiment_id
+    from abtrain.tracking.views import (
         EARLIER_KEY_FIGURES,
         HEADLINE,
         KEY_FIGURES,
@@ -492,8 +494,6 @@ def test_experiment_carries_a_key_figures_view_of_metrics_the_runs_log(tmp_path)
         headline,
         key_figures_link,
     )
-    from abtrain.results import final_metrics
-    from abtrain.tracking import experiment_id
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
@@ -547,7 +547,7 @@ def test_a_training_run_records_its_search_record_and_what_tells_it_apart(tmp_pa
     DVC's experiment, reach a run in a real store; a run of a name already there gets the
     experiment's name after it; the first metrics lead with an evaluation's top-1."""
     from abtrain import config
-    from abtrain.tracking import Tracker, run_tags
+    from abtrain.tracking.tracker import Tracker, run_tags
     from pipeline.train import search_tags
     from tests.helpers import PARAMS, TINY
 

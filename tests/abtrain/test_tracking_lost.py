@@ -6,7 +6,6 @@ and, started again once the server is back, resumes there and sends what it kept
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,18 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from abtrain.mlflow_browser import mlflow_server
+from abtrain.commands.localrun import free_port
 from tests.helpers import PARAMS, ROOT, TINY, summary
+from tools.mlflow_browser import mlflow_server
 
 pytestmark = pytest.mark.multiprocess
 
 STEPS = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(store: Path, port: int) -> subprocess.Popen:

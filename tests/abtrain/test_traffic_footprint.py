@@ -9,9 +9,11 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from abtrain import config, footprint, lowrank, models, schedule, timing, traffic
-from abtrain.ledger import Ledger
-from abtrain.runstate import RunState
+from abtrain import config, models
+from abtrain.distributed.ledger import Ledger
+from abtrain.method import lowrank, schedule
+from abtrain.predict import footprint, timing, traffic
+from abtrain.run.runstate import RunState
 from tests.helpers import ROOT, launch, tiny_config
 
 
@@ -165,10 +167,10 @@ def test_memory_per_gpu_counts_what_the_trainer_holds():
 def test_a_step_waits_for_the_bytes_its_node_sends_over_its_link(nodes, per_node):
     """The wire term of a DDP step is the busiest node's inter-node bytes of the ledger's
     ring all-reduce over the link, not the per-rank mean."""
-    from abtrain.ledger import wire_bytes
+    from abtrain.distributed.ledger import wire_bytes
 
     cfg = tiny_config("method=ddp", "steps=10", "checkpoint_every=0")
-    p = traffic.plan(cfg, nodes, per_node, classes=10)
+    p = traffic.estimate(cfg, nodes, per_node, classes=10)
     full = traffic.sizes(cfg, 10).full
     ranks = list(range(nodes * per_node))
     out = {n: 0 for n in range(nodes)}
@@ -186,7 +188,7 @@ def test_an_ab_run_pays_the_link_only_at_full_rank_and_in_its_syncs():
     cfg = tiny_config(
         "method=ab", "steps=60", "ab.warmup_steps=20", "ab.ab_steps=10", "ab.rebound_steps=5"
     )
-    p = traffic.plan(cfg, 2, 2, classes=10)
+    p = traffic.estimate(cfg, 2, 2, classes=10)
     t = timing.timing(p, 2, {"full": 1.0, "ab": 0.5, "sync": 2.0}, 1e6)
     assert t.step_seconds["ab"] == 0.5  # groups inside nodes: nothing crosses
     assert t.step_seconds["warmup"] == t.step_seconds["rebound"] > 1.0
@@ -254,7 +256,7 @@ def test_paper_scale_rates_are_gb_per_s_of_the_stated_model():
 def test_the_buffer_broadcast_abtrain_leaves_off_is_what_the_authors_ddp_sent():
     """ResNet-50's buffers: 53 BatchNorms' running mean and var (26,560 channels each,
     float32) and their int64 counters, 212,904 bytes, from rank 0 along the chain each step."""
-    from pipeline.common import run_overrides, runs
+    from pipeline.matrix import run_overrides, runs
 
     paper = yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text())
     run = runs(paper)["r50-ddp-4n-local"]

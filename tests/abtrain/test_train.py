@@ -7,7 +7,11 @@ from collections import Counter
 import pytest
 import torch
 
-from abtrain import checkpointer, ledger, lowrank, models, schedule, traffic
+from abtrain import models
+from abtrain.distributed import ledger
+from abtrain.method import lowrank, schedule
+from abtrain.predict import traffic
+from abtrain.run import checkpointer
 from tests.helpers import launch, spawn, summary, tiny_config
 
 METHODS = ["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd"]
@@ -227,7 +231,7 @@ def test_planner_predicts_the_ledger_without_training(runs, method):
     s = summary(runs[method])
     cfg = tiny_config(f"method={method}")
     keeps = {k / 64 for f in s["factorizations"] for k in f["ranks"].values()} or {1.0}
-    predicted = traffic.plan(cfg, nodes=2, ranks_per_node=2, classes=10, keep=max(keeps))
+    predicted = traffic.estimate(cfg, nodes=2, ranks_per_node=2, classes=10, keep=max(keeps))
     measured = s["traffic"]["inter_node_bytes"]
     if keeps == {1.0}:
         assert predicted.inter_bytes == pytest.approx(measured, rel=1e-9)
@@ -278,7 +282,7 @@ def test_ab_powersgd_compresses_the_full_rank_steps_and_syncs_only_what_was_trai
     assert t["by_phase"]["ab"]["inter"] == 0
 
     keeps = {k / 64 for f in s["factorizations"] for k in f["ranks"].values()}
-    predicted = traffic.plan(cfg, nodes=2, ranks_per_node=2, classes=10, keep=max(keeps))
+    predicted = traffic.estimate(cfg, nodes=2, ranks_per_node=2, classes=10, keep=max(keeps))
     if keeps == {1.0}:
         assert predicted.inter_bytes == pytest.approx(t["inter_node_bytes"], rel=1e-9)
     else:
@@ -300,8 +304,8 @@ def test_ab_powersgd_sends_less_than_half_of_ab_and_ends_merged(runs, combined):
 def test_ab_powersgd_drops_error_feedback_at_a_sync_and_keeps_its_warm_start(tmp_path):
     import torch.distributed as dist
 
-    from abtrain import methods
-    from abtrain.ledger import Ledger
+    from abtrain.distributed.ledger import Ledger
+    from abtrain.method import methods
 
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
@@ -323,8 +327,8 @@ def test_ab_powersgd_drops_error_feedback_at_a_sync_and_keeps_its_warm_start(tmp
 def _borrowed_usr1(rank, world, out):
     import signal
 
-    from abtrain.process import Launch
-    from abtrain.trainer import Trainer
+    from abtrain.distributed.process import Launch
+    from abtrain.run.trainer import Trainer
 
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # as the SLURM job's `trap "" USR1` leaves it
     cfg = tiny_config("method=ddp", "steps=4", "eval_every=2", "checkpoint_every=0")
@@ -376,7 +380,7 @@ def test_the_authors_c3dbc10_no_groups_run_sends_what_the_planner_predicts(tmp_p
     ranks = (tmp_path / "ranks.csv").read_text().splitlines()
     assert ranks[0].endswith("a_shape,b_shape")
     assert any(r.startswith("8,head,10,10,64,10,1,64x10,10x10") for r in ranks)
-    predicted = traffic.plan(tiny_config(*C3DBC10), nodes=2, ranks_per_node=2, classes=10)
+    predicted = traffic.estimate(tiny_config(*C3DBC10), nodes=2, ranks_per_node=2, classes=10)
     assert predicted.inter_bytes == pytest.approx(s["traffic"]["inter_node_bytes"], rel=1e-9)
     by_phase = s["traffic"]["by_phase"]
     assert by_phase["ab"]["inter"] == 0  # each group is a node

@@ -121,7 +121,7 @@ def miniature(root):
 def test_the_plan_scales_each_run_as_the_pipeline_would(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     p = miniature(tmp_path)
-    runs = lengths.plan(p, None, (1, 4), (2, 1), ("ddp", "ab"), tmp_path / "runs", (2, 1))
+    runs = lengths.list_runs(p, None, (1, 4), (2, 1), ("ddp", "ab"), tmp_path / "runs", (2, 1))
     assert [(r["epochs"], r["seed"], r["method"]) for r in runs] == [
         (1, 0, "ddp"), (1, 0, "ab"), (1, 1, "ddp"), (1, 1, "ab"), (4, 0, "ddp"), (4, 0, "ab"),
     ]  # fmt: skip

@@ -26,7 +26,7 @@ def measure(tmp_path, method: str, rate: str | None, sets: list[str]) -> dict:
         work=tmp_path,
         timeout=300,
     )
-    (run,) = bench.plan()
+    (run,) = bench.runs()
     study.launch(run)
     assert bench.found(run) == str(run.folder)
     return bench.result(run)

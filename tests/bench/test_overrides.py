@@ -126,7 +126,8 @@ def test_network_runs_the_matrixs_values_and_records_what_it_changed(tmp_path, m
     d = json.loads((tmp_path / "network-200mbit.json").read_text())
     # no --set: each method as the matrix's run of it at 2 x 2 trains (the search's values,
     # the schedule's fractions of its steps, its own set), and the benchmark's measurement
-    from pipeline.common import BENCHMARK_SETS, best_config, params, run_overrides, runs
+    from pipeline.matrix import BENCHMARK_SETS, best_config, run_overrides, runs
+    from pipeline.stage import params
 
     p = params()
     ddp = [s for s in run_overrides(p, runs(p)["ddp-2x2"], best_config(p)) if "method=" not in s]

@@ -9,8 +9,9 @@ import shutil
 import pytest
 import yaml
 
-from abtrain import schedule, timing, traffic
 from abtrain.config import from_dict
+from abtrain.method import schedule
+from abtrain.predict import timing, traffic
 from bench import network, paper_scale, rates
 from tests.helpers import ROOT
 
@@ -278,7 +279,7 @@ def test_a_dry_run_predicts_each_runs_wall_time_from_the_committed_runs(monkeypa
         sets=committed["overrides"],
         method_sets=committed["method_overrides"],
     )
-    runs = bench.plan()
+    runs = bench.runs()
     assert [r.name for r in runs][:2] == ["ddp at 200mbit on 2x2", "ab at 200mbit on 2x2"]
     assert runs[0].seconds == pytest.approx(took["ddp"], rel=0.15)
     assert runs[1].seconds == pytest.approx(took["ab"], rel=0.15)
@@ -297,7 +298,7 @@ def test_ab_phase_counts_used_by_the_check_come_from_the_schedule():
     cfg = from_dict(params["train"], ["method=ab", *d["overrides"]])
     kinds = [schedule.phase_at(t, cfg).kind for t in range(cfg.steps)]
     ab = next(r for r in d["results"] if r["method"] == "ab")
-    pl = traffic.plan(cfg, 2, 2, 10)
+    pl = traffic.estimate(cfg, 2, 2, 10)
     expected = sum(ab["step_seconds"][k] for k in kinds) / len(kinds)
     assert paper_scale.measured_mean(pl, ab["step_seconds"]) == pytest.approx(expected)
 

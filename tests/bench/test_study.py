@@ -33,7 +33,7 @@ class Toy(study.Study):
     runs_dir: Path = Path("runs")
     launch: Callable[[Run], None] | None = None  # each run's, in place of training
 
-    def plan(self) -> list[Run]:
+    def runs(self) -> list[Run]:
         return [
             Run(
                 f"run {i}",

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from abtrain.config import apply_overrides, read_yaml
-from bench import tradeoff
+from bench.tradeoff.page import verdict
 from tests.helpers import PARAMS, ROOT, TINY
 
 
@@ -105,7 +105,7 @@ def test_the_study_searches_both_backends_resumes_and_reports_fronts_from_its_fi
     assert seeded and all(p["best_top1_sd"] is not None for p in seeded)
     assert any(p["method"] == "ddp" for p in seeded)
     # the verdict names, at each budget, the best point within it, from the files alone
-    assert data["verdict"] == tradeoff.verdict(data)
+    assert data["verdict"] == verdict(data)
     for b in data["budgets"]:
         inside = [p for p in points if p["bytes_vs_ddp"] <= b + 1e-9]
         if inside:

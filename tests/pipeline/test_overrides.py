@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from abtrain import config as abconfig
-from pipeline import common
+from pipeline import matrix
 from tests.helpers import PARAMS
 
 P = yaml.safe_load(PARAMS.read_text())
@@ -24,8 +24,8 @@ def best(lr: float) -> dict:
 
 
 def trained(p: dict, name: str, found: dict | None) -> abconfig.Config:
-    run = common.runs(p)[name]
-    return abconfig.from_dict(p["train"], common.run_overrides(p, run, found, size=SIZE))
+    run = matrix.runs(p)[name]
+    return abconfig.from_dict(p["train"], matrix.run_overrides(p, run, found, size=SIZE))
 
 
 def test_the_experiments_value_wins_over_every_best_the_search_finds():
@@ -57,8 +57,8 @@ def test_the_experiments_value_wins_over_a_runs_own_set():
 def test_every_overridden_value_names_its_source_and_what_it_replaced():
     p = copy.deepcopy(P)
     p["experiments"]["set"] = ["optim.lr=0.00123"]
-    run = common.runs(p)["ab-2x2"]
-    lines = common.provenance(p, common.resolve(p, run, best(0.003), size=SIZE))
+    run = matrix.runs(p)["ab-2x2"]
+    lines = matrix.provenance(p, matrix.resolve(p, run, best(0.003), size=SIZE))
     lr = next(line for line in lines if line.startswith("optim.lr="))
     assert lr == (
         "optim.lr=0.00123  <- experiments.set; replaces 0.003 from search best (propulate), "
@@ -69,16 +69,16 @@ def test_every_overridden_value_names_its_source_and_what_it_replaced():
 
 def test_a_value_equal_to_all_it_replaces_prints_no_line():
     p, lr = copy.deepcopy(P), P["train"]["optim"]["lr"]
-    run = common.runs(p)["ab-2x2"]
+    run = matrix.runs(p)["ab-2x2"]
     for value, shown in ((lr, False), (lr * 2, True)):
         p["experiments"]["set"] = [f"optim.lr={value}"]
-        resolved = common.resolve(p, run, None, size=SIZE)
+        resolved = matrix.resolve(p, run, None, size=SIZE)
         assert f"optim.lr={value}" in [o.text for o in resolved]  # the run takes it either way
-        lines = common.provenance(p, resolved)
+        lines = matrix.provenance(p, resolved)
         assert any(line.startswith("optim.lr=") for line in lines) == shown
     # one that replaces another value on the way (the search's) is printed
     p["experiments"]["set"] = [f"optim.lr={lr}"]
-    lines = common.provenance(p, common.resolve(p, run, best(lr * 3), size=SIZE))
+    lines = matrix.provenance(p, matrix.resolve(p, run, best(lr * 3), size=SIZE))
     want = f"optim.lr={lr}  <- experiments.set; replaces {lr * 3} from search best (propulate)"
     assert any(line.startswith(want) for line in lines), lines
 
@@ -91,9 +91,9 @@ def test_settings_of_a_part_the_method_lacks_are_counted_not_listed(name, ab, ps
     p = copy.deepcopy(P)
     rank = P["train"]["powersgd"]["rank"] + 1
     p["experiments"]["set"] = [f"powersgd.rank={rank}"]
-    run = common.runs(p)[name]
-    resolved = common.resolve(p, run, best(0.003), size=SIZE)
-    lines = common.provenance(p, resolved)
+    run = matrix.runs(p)[name]
+    resolved = matrix.resolve(p, run, best(0.003), size=SIZE)
+    lines = matrix.provenance(p, resolved)
     assert any(line.startswith("ab.warmup_steps=") for line in lines) == ab
     assert any(line.startswith("powersgd.rank=") for line in lines) == psgd
     assert any(line.startswith("ab.*: ") for line in lines) != ab
@@ -108,30 +108,30 @@ def test_the_runs_left_are_timed_at_the_pace_of_the_finished_ones(tmp_path, monk
 
     from pipeline import train
 
-    p, matrix = copy.deepcopy(P), common.runs(P)
+    p, runs = copy.deepcopy(P), matrix.runs(P)
     monkeypatch.chdir(tmp_path)  # runs/ and the prepared data's meta.json, made up here
     meta = tmp_path / P["train"]["data"]["prepared"] / "meta.json"
     meta.parent.mkdir(parents=True)
     meta.write_text(json.dumps({"counts": {"train": {"a": SIZE}}}))
-    assert train.runs_left(p, matrix, "ab-2x2", None).endswith(
+    assert train.runs_left(p, runs, "ab-2x2", None).endswith(
         "no finished run yet to estimate their time from"
     )
     walls = {"ddp-2x2": 100.0, "psgd-2x2": 200.0}
     for name, wall in walls.items():
         folder = tmp_path / "runs" / "train" / name
         folder.mkdir(parents=True)
-        cfg = abconfig.from_dict(p["train"], common.run_overrides(p, matrix[name], None))
+        cfg = abconfig.from_dict(p["train"], matrix.run_overrides(p, runs[name], None))
         (folder / "config.json").write_text(json.dumps(cfg.dump()))
         (folder / "summary.json").write_text(json.dumps({"wall_seconds": wall}))
-    left = len(matrix) - len(walls)
+    left = len(runs) - len(walls)
     mean = sum(walls.values()) / len(walls)
-    assert train.runs_left(p, matrix, "ab-2x2", None) == (
+    assert train.runs_left(p, runs, "ab-2x2", None) == (
         f"[pipeline] runs of the matrix not finished: {left} (this one included), about "
         f"{train.duration(left * mean)} of training (launches not counted) at the pace of the "
         f"2 finished ({train.duration(mean)} each on average)"
     )
     p["train"]["optim"]["lr"] *= 2  # the folders hold another config's runs: not finished
-    assert f"not finished: {len(matrix)} " in train.runs_left(p, matrix, "ab-2x2", None)
+    assert f"not finished: {len(runs)} " in train.runs_left(p, runs, "ab-2x2", None)
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,10 @@ import pytest
 import torch
 import yaml
 
-from abtrain import config, methods, schedule, traffic
-from pipeline.common import run_overrides, runs
+from abtrain import config
+from abtrain.method import methods, schedule
+from abtrain.predict import traffic
+from pipeline.matrix import run_overrides, runs
 from tests.helpers import ROOT
 
 PAPER = yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text())
@@ -137,7 +139,7 @@ def test_a_search_result_reaches_the_runs_only_through_the_schedule(name):
     """With a search result on disk, every run keeps the authors' lr, weight decay, σ cutoff
     and sync mode; the search's schedule fractions apply where the run has none of its own,
     and the provenance lines say so."""
-    from pipeline.common import provenance, resolve
+    from pipeline.matrix import provenance, resolve
 
     run = runs(PAPER)[name]
     size = CIFAR10 if name.startswith("vgg") else IMAGENET
@@ -188,7 +190,8 @@ def nogroups_config(version: str, name: str, size: int = IMAGENET) -> config.Con
 def test_no_groups_runs_are_the_authors_head_by_default():
     """c23240c: one group of the world training B = Σ^½Vᵀ, B averaged at the sync, and
     the layers their full_rank_sync_names keep (patch_embed/head, conv1/fc) full rank."""
-    from abtrain import lowrank, models
+    from abtrain import models
+    from abtrain.method import lowrank
 
     assert PAPER["experiments"]["nogroups"] == "c23240c"
     for name, run in runs(PAPER).items():
@@ -218,13 +221,13 @@ def test_no_groups_runs_are_the_authors_head_by_default():
 def test_no_groups_runs_as_the_scaling_runs_code_ran_them():
     """c3dbc10: group size -1 made two half-world groups, only-b forced B = ΣVᵀ, every
     layer was factorised and the sync averaged nothing: rank 0's W went to every rank."""
-    from abtrain import groups
+    from abtrain.distributed import groups
 
     cfg = nogroups_config("c3dbc10", "r50-abng-8n-global")
     assert not cfg.ab.split_sigma and cfg.ab.full_rank_layers == []
     assert cfg.ab.sync_mode == "rank0"
     size = methods.check_world(cfg, 32, 4)
-    assert groups.plan(32, size, all_train_b=True) == [
+    assert groups.roles(32, size, all_train_b=True) == [
         (list(range(16)), "b"),
         (list(range(16, 32)), "b"),
     ]
@@ -276,7 +279,8 @@ def test_both_two_node_weight_decays_of_the_authors_are_runs():
 def test_b_is_the_authors_short_side_and_the_planner_counts_it(name, wide, layers, ratio):
     """The authors turn a wide matrix upright before the SVD, so B is k x min(m, n): the
     out x in·kh·kw view's B would be `ratio` times as large over the model at full rank."""
-    from abtrain import lowrank, models
+    from abtrain import models
+    from abtrain.method import lowrank
 
     cfg = config.from_dict(PAPER["train"], run_overrides(PAPER, runs(PAPER)[name], None, IMAGENET))
     with torch.device("meta"):

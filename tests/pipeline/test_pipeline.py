@@ -360,17 +360,17 @@ def test_offline_dvc_plots_hold_every_run_without_a_network(mini):
 
 
 def test_the_paper_profile_validates_and_every_stage_resolves(tmp_path, monkeypatch):
-    from pipeline import common, slurm
+    from pipeline import matrix, slurm
     from search import space
 
     paper = yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text())
     monkeypatch.setattr(
-        common, "train_size", lambda cfg: {"imagenet": 1_281_167, "cifar10": 50_000}[cfg.data.name]
+        matrix, "train_size", lambda cfg: {"imagenet": 1_281_167, "cifar10": 50_000}[cfg.data.name]
     )
-    runs = common.runs(paper)
+    runs = matrix.runs(paper)
     assert len(runs) == 60  # 58 cells of the matrix, and the second 2-node ResNet-50 weight decay
     for run in runs.values():
-        sets = common.run_overrides(paper, run, None)
+        sets = matrix.run_overrides(paper, run, None)
         assert any(s.startswith("steps=") for s in sets)
         script = slurm.train_script(
             paper["experiments"]["slurm"],
@@ -381,15 +381,15 @@ def test_the_paper_profile_validates_and_every_stage_resolves(tmp_path, monkeypa
             run.name,
         )
         assert f"--nodes={run.nodes}" in script and "--gres=gpu:4" in script
-    vit = common.run_overrides(paper, runs["vit-ab-2n-local"], None)
+    vit = matrix.run_overrides(paper, runs["vit-ab-2n-local"], None)
     assert "steps=90000" in vit and "batch_size=256" in vit  # the authors' 2-node run length
-    assert "batch_size=128" in common.run_overrides(paper, runs["vit-ab-8n-global"], None)
-    assert "batch_size=32" in common.run_overrides(paper, runs["vit-ab-32n-global"], None)
+    assert "batch_size=128" in matrix.run_overrides(paper, runs["vit-ab-8n-global"], None)
+    assert "batch_size=32" in matrix.run_overrides(paper, runs["vit-ab-32n-global"], None)
     s = space.load(paper["search"])
     space.check_keys(s.space, paper["train"])
     # the search's CIFAR-100 too: nothing else prepares it, and unprepared, every one of the
     # search's runs would crash into the penalty
-    assert {d.name for d in common.data_configs(paper)} == {"imagenet", "cifar10", "cifar100"}
+    assert {d.name for d in matrix.data_configs(paper)} == {"imagenet", "cifar10", "cifar100"}
     repo = tmp_path / "repo"
     copy_repo(repo)
     shutil.copy(ROOT / "profiles" / "paper.yaml", repo / "params.yaml")
@@ -566,7 +566,7 @@ def test_dvc_plots_show_draws_offline(mini):
     assert shown.returncode == 0, shown.stderr
     page = (repo / "dvc_plots" / "index.html").read_text()
     assert "cdn.jsdelivr" not in page and "window.vegaEmbed=" in page
-    from abtrain.mlflow_browser import CHROMIUM_FLAGS, chromium
+    from tools.mlflow_browser import CHROMIUM_FLAGS, chromium
 
     with tempfile.TemporaryDirectory() as profile:
         dom = subprocess.run(

@@ -72,7 +72,7 @@ def test_the_paper_scale_table_sets_predicted_gb_per_s_beside_table_1(monkeypatc
 def test_ecr_star_needs_no_run_folder(tmp_path, monkeypatch):
     """The run folders are not committed: on a clone without them the report's ECR* comes
     from the config the train stage resolves, the same as the folder's config.json."""
-    from pipeline.common import params
+    from pipeline.stage import params
     from tests.helpers import ROOT
 
     monkeypatch.chdir(ROOT)

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from abtrain.config import ConfigError
-from pipeline import common, search
+from pipeline import search, stage
 from tests.helpers import ROOT
 
 DEFAULT = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -52,7 +52,7 @@ def test_a_bad_budget_is_one_line_with_the_key_and_no_mpirun(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     started = []
     monkeypatch.setattr(search, "run_mpirun", lambda *a: started.append(a) or 0)
-    assert common.stage(search.main, "propulate") == 2
+    assert stage.stage(search.main, "propulate") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "[pipeline] error: invalid search config: search.evaluations: "
@@ -71,7 +71,7 @@ def test_every_stage_ends_a_config_error_in_one_line(tmp_path, monkeypatch, caps
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(p))
     monkeypatch.chdir(tmp_path)
     for main, args in ((prepare.main, ()), (train.main, ("ddp-2x2",))):
-        assert common.stage(main, *args) == 2
+        assert stage.stage(main, *args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("[pipeline] error: "), err
         assert "image_size" in err[0] or "batch_size" in err[0], err

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import slurm
-from pipeline.common import Run
+from pipeline.matrix import MatrixRun
 from tests import slurm_cluster
 from tests.helpers import PARAMS, ROOT, TINY, launch, summary
 
@@ -70,7 +70,7 @@ def p_with(slurm_cfg=SLURM):
 @pytest.mark.cluster
 @pytest.mark.multiprocess
 def test_two_node_ab_job_completes_with_two_node_traffic(in_cluster, tmp_path):
-    run = Run("ab-2x2", "ab", nodes=2, ranks_per_node=2, batch="local")
+    run = MatrixRun("ab-2x2", "ab", nodes=2, ranks_per_node=2, batch="local")
     out = tmp_path / "slurm-run"
     assert slurm.run_slurm(p_with(), run, train_args(out, "method=ab"), out) == 0
     s = summary(out)
@@ -91,7 +91,7 @@ def test_a_failing_job_ends_in_one_line_naming_the_job_the_cause_and_its_log(
 ):
     """A model only the ranks find they can't build: the stage's last word is one line (job,
     cause, log); torchrun's tracebacks stay in the job's log."""
-    run = Run("bad", "ab", nodes=2, ranks_per_node=1, batch="local")
+    run = MatrixRun("bad", "ab", nodes=2, ranks_per_node=1, batch="local")
     out = tmp_path / "bad"
     broken = "model={name: python, factory: 'not_here:f', kwargs: {}, init: default}"
     code = slurm.run_slurm(p_with(), run, train_args(out, broken), out)
@@ -108,7 +108,7 @@ def test_a_failing_job_ends_in_one_line_naming_the_job_the_cause_and_its_log(
 @pytest.mark.cluster
 @pytest.mark.multiprocess
 def test_cancelled_job_resubmitted_resumes_from_its_checkpoint(in_cluster, tmp_path):
-    run = Run("long", "ddp", nodes=2, ranks_per_node=1, batch="local")
+    run = MatrixRun("long", "ddp", nodes=2, ranks_per_node=1, batch="local")
     out = tmp_path / "long"
     args = train_args(out, "method=ddp", "steps=400", "checkpoint_every=20", "eval_every=100")
     script = slurm.train_script(SLURM, 2, 1, args, out, "long")

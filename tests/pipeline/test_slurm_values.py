@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from pipeline import slurm
-from pipeline.common import Run
+from pipeline.matrix import MatrixRun
 
 # as YAML reads them from a params.yaml: "\n" in double quotes is a real newline
 SETTINGS = yaml.safe_load(
@@ -40,7 +40,7 @@ def test_a_control_character_in_a_sbatch_value_is_refused_naming_the_key(tmp_pat
     with pytest.raises(ValueError, match=rf"experiments\.slurm\.{key}: .* control character"):
         slurm.train_script(bad, 2, 1, ARGS, tmp_path, "ab-2x1")
     p = {"experiments": {"slurm": bad}, "search": {"ranks": 2}}
-    run = Run("ab-2x1", "ab", 2, 1, "local")
+    run = MatrixRun("ab-2x1", "ab", 2, 1, "local")
     with pytest.raises(SystemExit, match=rf"error: experiments\.slurm\.{key}"):
         slurm.run_slurm(p, run, ARGS, tmp_path / "run")
     with pytest.raises(SystemExit, match=rf"error: experiments\.slurm\.{key}"):
@@ -76,7 +76,7 @@ def test_a_bad_value_is_refused_before_any_job_is_queued(tmp_path, capsys):
     args = ["train", "--config", str(PARAMS), "--out", str(out)]
     for o in [*TINY, "method=ab"]:
         args += ["--set", o]
-    run = Run("one-node", "ab", nodes=1, ranks_per_node=2, batch="local")
+    run = MatrixRun("one-node", "ab", nodes=1, ranks_per_node=2, batch="local")
     assert slurm.run_slurm({"experiments": {"slurm": SETTINGS}}, run, args, out) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "gives 1 group on 2 ranks" in err[0], err

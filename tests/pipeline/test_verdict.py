@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from pipeline.common import params
 from pipeline.report import tables
 from pipeline.report.accuracy import ONE_SEED, accuracy_paragraphs
 from pipeline.report.studies import lengths_section, seeds_section
 from pipeline.report.verdict import lead_text, matching_study, verdict
+from pipeline.stage import params
 from tests.helpers import ROOT
 
 RECORD = {"optim.lr": 0.0012, "ab.sigma_cutoff": 0.39}

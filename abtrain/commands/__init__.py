@@ -1,0 +1,1 @@
+"""`python -m abtrain` and `python -m abtrain.launch`: the commands over the library."""

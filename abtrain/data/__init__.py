@@ -1,0 +1,1 @@
+"""The data: sources, prepared folders and their checks, the step-indexed loader."""

@@ -1,0 +1,145 @@
+"""Which phase step t is in, and its learning rate. Pure functions of the step.
+
+A method with AB phases: `warmup_steps` full-rank steps, then cycles of `ab_steps` low-rank
+steps and `rebound_steps` full-rank steps until `steps`. Others are full-rank throughout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from abtrain.config import Config, MethodConfig
+from abtrain.method import methods
+
+PHASE_IDS = {"full": 0, "warmup": 1, "ab": 2, "rebound": 3}
+
+
+@dataclass(frozen=True)
+class Phase:
+    kind: str  # full | warmup | ab | rebound
+    cycle: int = -1  # index of the AB cycle, -1 outside them
+
+    @property
+    def low_rank(self) -> bool:
+        return self.kind == "ab"
+
+
+def phase_at(step: int, cfg: MethodConfig) -> Phase:
+    return _phase_and_start(step, cfg)[0]
+
+
+def _phase_and_start(step: int, cfg: MethodConfig) -> tuple[Phase, int]:
+    """The phase of `step` and the step it began at.
+
+    `algorithm1` (the paper's): cycles of `ab_steps` AB then `rebound_steps` full-rank steps
+    from the end of the warm-up. `authors` (their code, c3dbc10): a sync at every multiple
+    of the period S = ab_steps + rebound_steps, each followed by R = `rebound_steps`
+    full-rank steps; the first AB phase runs from the warm-up's end W to the first multiple
+    after it. Their switch back to AB fires at every step t > S with t mod S = R; when it
+    falls inside that first AB phase (0 <= W mod S < R, W >= S) it changes nothing but
+    restarts the LR ramp (and re-wraps DDP inside the group), so that step is returned as
+    the phase's start.
+    """
+    if not methods.kind(cfg.method).low_rank:
+        return Phase("full"), 0
+    ab = cfg.ab
+    if step < ab.warmup_steps:
+        return Phase("warmup"), 0
+    period = ab.ab_steps + ab.rebound_steps
+    if ab.phase_rule == "algorithm1":
+        cycle, within = divmod(step - ab.warmup_steps, period)
+        start = ab.warmup_steps + cycle * period
+        if within < ab.ab_steps:
+            return Phase("ab", cycle), start
+        return Phase("rebound", cycle), start + ab.ab_steps
+    first_sync = (ab.warmup_steps // period + 1) * period
+    if step < first_sync:
+        again = first_sync - period + ab.rebound_steps  # their switch to AB in this period
+        if ab.warmup_steps < again <= step and again > period:
+            return Phase("ab", 0), again
+        return Phase("ab", 0), ab.warmup_steps
+    cycle, within = divmod(step - first_sync, period)
+    start = first_sync + cycle * period
+    if within < ab.rebound_steps:
+        return Phase("rebound", cycle), start
+    return Phase("ab", cycle + 1), start + ab.rebound_steps
+
+
+def phases(cfg: MethodConfig) -> list[tuple[int, Phase]]:
+    """(first step, phase) of every phase of the run, in order."""
+    out: list[tuple[int, Phase]] = []
+    for step in range(cfg.steps):
+        phase = phase_at(step, cfg)
+        if not out or out[-1][1] != phase:
+            out.append((step, phase))
+    return out
+
+
+def last_change(step: int, cfg: MethodConfig) -> int | None:
+    """The latest step <= `step` at which the representation changed (None: not yet)."""
+    if not methods.kind(cfg.method).low_rank or step < cfg.ab.warmup_steps:
+        return None
+    return _phase_and_start(step, cfg)[1]
+
+
+def scheduled_lr(step: int, cfg: Config) -> float:
+    """`optim.schedule` at `step`. abtrain: a linear warm-up to `lr` from lr/(W+1), then
+    cosine down to `min_lr` at the last step. authors: timm's CosineLRScheduler as the
+    authors' trainer ran it (warm-up from min_lr over W steps, cosine over the steps after
+    it, stepped once per update), whose first step runs at the peak `lr`: their trainer
+    replaces the optimizer's param groups after the scheduler wrote the warm-up's first LR
+    into them, and the scheduler sets the next one only after that step."""
+    o = cfg.optim
+    w = o.lr_warmup_steps
+    if o.schedule == "authors":
+        if step == 0:
+            return o.lr
+        if step < w:
+            return o.min_lr + step * (o.lr - o.min_lr) / w
+        progress = (step - w) / max(1, cfg.steps - w)
+    else:
+        if step < w:
+            return o.lr * (step + 1) / (w + 1)
+        progress = (step - w) / max(1, cfg.steps - 1 - w)
+    return o.min_lr + (o.lr - o.min_lr) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+AUTHORS_REBOUND_FLOOR = 1e-5  # the LR the authors' rebound sets at a change (hard-coded there)
+
+
+def rebound_lr(step: int, cfg: MethodConfig, base: Callable[[int], float]) -> float:
+    """The LR at `step` under the rebound after each change of representation, `base` the
+    schedule (a function of the step). abtrain (`ab.lr_rebound`): `base` times a ramp
+    (i+1)/(N+1) over the N = `lr_rebound_steps` steps i = 0.. after the change. authors:
+    their min(base, f·i) for i = 1..N from the change's step, f = (base at the change -
+    1e-5)/N, the first step at min(1e-5, f): the ramp sets the LR itself, toward the
+    schedule's value at the change, and the schedule only caps it."""
+    start, n = last_change(step, cfg), cfg.ab.lr_rebound_steps
+    if start is None or step - start >= n:
+        return base(step)
+    if cfg.ab.lr_rebound == "abtrain":  # (the factor first: the same float as ever)
+        return base(step) * ((step - start + 1) / (n + 1))
+    i, f = step - start + 1, (base(start) - AUTHORS_REBOUND_FLOOR) / n
+    return min(AUTHORS_REBOUND_FLOOR, f) if i == 1 else min(base(step), f * i)
+
+
+def rebound_factor(step: int, cfg: MethodConfig) -> float:
+    """abtrain's rebound as a factor of the schedule: a ramp from near 0 over
+    `lr_rebound_steps` after each change of representation (1 elsewhere)."""
+    return rebound_lr(step, cfg, lambda _: 1.0)
+
+
+def lr_at(step: int, cfg: Config) -> float:
+    """The LR of `step`: the schedule, and the rebound over it (`rebound_lr`)."""
+    return rebound_lr(step, cfg, lambda t: scheduled_lr(t, cfg))
+
+
+def decay_left(cfg: Config) -> float:
+    """What AdamW's decoupled weight decay alone leaves of a weight over the whole run,
+    exp(−wd·Σlr): the factor by which a singular value that no gradient supports shrinks.
+    Under the ortho-σ init every σ starts at 1, so a rank falls below `sigma_cutoff`·σ_max
+    by decay alone only where this is below the cutoff."""
+    lr_sum = sum(lr_at(step, cfg) for step in range(cfg.steps))
+    return math.exp(-cfg.optim.weight_decay * lr_sum)

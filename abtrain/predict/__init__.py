@@ -1,0 +1,1 @@
+"""What a run will send, take and keep, computed without training: traffic, time, footprint."""

@@ -1,0 +1,1 @@
+"""abtrain's own training run around the method: the loop, checkpoints, results, evaluation."""

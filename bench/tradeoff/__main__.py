@@ -1,0 +1,4 @@
+from bench.tradeoff.experiment import main
+from pipeline.stage import stage
+
+raise SystemExit(stage(main, who="bench.tradeoff"))

@@ -1,0 +1,71 @@
+"""What every stage and study shares: params.yaml and the paths of what the stages
+write, a stage's command line and its one-line errors, a folder moved aside."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from abtrain import config as abconfig
+from abtrain.config import one_line
+from abtrain.files import RecordError
+from search import space
+
+PARAMS = Path("params.yaml")
+RUNS = Path("runs")
+# Each search's record (best.json, evaluations.jsonl): small, committed, and what the runs
+# train from, so a fresh clone trains the committed runs instead of a search that timing moves.
+SEARCHES = Path("results/search")
+DATA_COUNTS = Path("results/data/counts.json")  # each prepared data set's image counts (prepare)
+
+
+def params() -> dict[str, Any]:
+    return abconfig.read_yaml(PARAMS)
+
+
+def move_aside(out: Path) -> Path:
+    """Rename `out` to a timestamped sibling, which nothing here ever deletes."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    backup = out.with_name(f"{out.name}.moved-{stamp}")
+    n = 1
+    while backup.exists():
+        n += 1
+        backup = out.with_name(f"{out.name}.moved-{stamp}-{n}")
+    os.rename(out, backup)
+    return backup
+
+
+# keys of `train` that change no number a run computes: no stage need track them
+def covered(key: str, prefixes: Iterable[str]) -> bool:
+    """`key` is one of `prefixes` or lies under one (train.optim covers train.optim.lr)."""
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def leaves(node: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of a nested section's values (an empty section counts as one)."""
+    if isinstance(node, dict) and node:
+        return [leaf for k, v in node.items() for leaf in leaves(v, f"{prefix}{k}.")]
+    return [prefix.rstrip(".")]
+
+
+def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A stage's or study's command line: `--help` prints its docstring's first paragraph
+    (every `python -m` entry point answers it, and never runs on it)."""
+    first = (doc or "").strip().split("\n\n")[0]
+    return argparse.ArgumentParser(prog=f"python -m {prog}", description=first)
+
+
+def stage(main: Callable[..., int], *args: str, who: str = "pipeline") -> int:
+    """A stage's (or a study's) entry point: a config error or a damaged record ends it in
+    one line naming the key or file, exit code 2, as `abtrain train`'s do (DVC prints the
+    line, then that the stage failed)."""
+    try:
+        return main(*args)
+    except (abconfig.ConfigError, space.SpaceError, RecordError) as err:
+        print(f"[{who}] error: {one_line(err)}", file=sys.stderr, flush=True)
+        return 2

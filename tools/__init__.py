@@ -1,0 +1,1 @@
+"""Tooling that is not the library: the MLflow UI in headless Chromium."""
