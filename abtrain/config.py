@@ -277,6 +277,51 @@ class EarlyStop(_Section):
     min_top1: float = Field(ge=0, le=100)
 
 
+# The schedule's step counts may be given as fractions of the run's `steps` (a number
+# strictly between 0 and 1: `ab.warmup_steps: 0.2`), so that a shorter or longer run keeps
+# its shape; they are resolved to steps when the config is read (config.json holds steps).
+SCHEDULE_KEYS = (
+    ("optim", "lr_warmup_steps"),
+    ("ab", "warmup_steps"),
+    ("ab", "ab_steps"),
+    ("ab", "rebound_steps"),
+    ("ab", "lr_rebound_steps"),
+)
+STEP_FLOORS = {("ab", "ab_steps"): 1, ("ab", "rebound_steps"): 1}  # a phase of 0 steps: none
+
+
+def to_steps(fraction: float, steps: int, *, floor: int) -> int:
+    """A schedule knob given as a fraction of a run's `steps`, in steps: the nearest whole
+    number, `floor` at the least. The one rule of the config, the search and the matrix."""
+    return max(floor, round(fraction * steps))
+
+
+def resolve_fractions(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with each schedule key given as a fraction of `steps` in steps (a copy where
+    one is; ValueError naming a key whose number is neither)."""
+    steps = data.get("steps")
+    out = data
+    for section, key in SCHEDULE_KEYS:
+        value = (data.get(section) or {}).get(key) if isinstance(data.get(section), dict) else None
+        if not isinstance(value, float) or isinstance(value, bool):
+            continue
+        if value.is_integer() and value >= 1:
+            value = int(value)
+        elif not 0 < value < 1:
+            raise ConfigError(
+                f"{section}.{key}: {value} is neither a number of steps nor a fraction of "
+                "steps (a number strictly between 0 and 1)"
+            )
+        elif not isinstance(steps, int):
+            continue  # `steps` itself is refused by the validation
+        else:
+            value = to_steps(value, steps, floor=STEP_FLOORS.get((section, key), 0))
+        if out is data:
+            out = {**data}
+        out[section] = {**out[section], key: value}
+    return out
+
+
 class MethodConfig(_Section):
     """What the method reads (`ABTraining`): which method, how long, its seed and knobs.
 
@@ -291,6 +336,7 @@ class MethodConfig(_Section):
     dist: DistConfig
 
     def __init__(self, **data: Any) -> None:
+        data = resolve_fractions(data)
         try:
             super().__init__(**data)
         except ValidationError as err:  # one line per key, not pydantic's dump

@@ -9,7 +9,7 @@ compression and its traffic over length.
 
 A study on bench.study's skeleton (plan, estimate, resume, ETA, record, figure, page). Each
 run is the matrix's run of its method on 2 nodes x 2 ranks (`experiments.runs`, made into
-overrides by pipeline.common with `experiments.epochs` set to the length: its steps, the
+overrides by pipeline.matrix with `experiments.epochs` set to the length: its steps, the
 schedule's fractions of them, the search's best values, the run's own `set`), at `seed=S`,
 evaluated EVALUATIONS times, tracking off; launched as the pipeline launches it. A run
 whose folder is gone but whose row the committed lengths.json holds (made with the same

@@ -14,7 +14,7 @@ record is the per-rate files, its summary and figure bench.rates' (`--render` is
 `python -m bench.rates`).
 
 Every run trains as the matrix's run of its method at the same world size trains
-(`experiments.runs` resolved by pipeline.common: steps, batch, the search's best values, the
+(`experiments.runs` resolved by pipeline.matrix: steps, batch, the search's best values, the
 schedule's fractions, the run's own `set`), so the verdict's time to target and its top-1
 columns come from one configuration; only what the benchmark measures differs (BENCHMARK_SETS:
 an evaluation every 10 steps to time the target, no checkpoints in the timed loop).

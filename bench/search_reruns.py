@@ -13,7 +13,7 @@ configurations. The pipeline therefore trains from a committed record of one sea
 study on bench.study's skeleton: each rerun is `search.backend`'s search with params.yaml's
 settings on `search.ranks` MPI ranks (`pipeline.search.run_mpirun`), in
 runs/search-reruns/rN/search, then each run of `--runs` with that best, as `dvc repro`
-trains it (`pipeline.common.run_overrides`) plus `tracking.enabled=false`, in
+trains it (`pipeline.matrix.run_overrides`) plus `tracking.enabled=false`, in
 runs/search-reruns/rN/NAME. The pipeline's own search and its runs (results/) are the first
 row. A search or run that finished is read, not rerun. Writes
 reports/search-reruns/reruns.json and README.md, every figure of the README from the JSON.

@@ -181,10 +181,9 @@ def nogroups_sets(p: dict[str, Any], run: MatrixRun) -> list[str]:
     return NOGROUPS[version](run.world) if run.method == "ab_nogroups" else []
 
 
-# The fewest steps a schedule fraction becomes in a run of the matrix (`space.to_steps`, whose
-# docstring says where this differs from the search's floor): AB phase lengths need a step
-# at least; warm-ups, and every other knob, may be empty.
-RUN_FLOORS = {"ab.ab_steps": 1, "ab.rebound_steps": 1}
+# The fewest steps a schedule fraction becomes in a run of the matrix: a config's own rule
+# (`abtrain.config.STEP_FLOORS`; `space.to_steps` says where the search's differs)
+RUN_FLOORS = {".".join(key): floor for key, floor in abconfig.STEP_FLOORS.items()}
 
 
 def best_config(p: dict) -> dict | None:

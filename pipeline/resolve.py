@@ -4,7 +4,7 @@ code and the data.
 
 A run's values come from several places (`train`, the matrix, experiments.schedule, the
 search's best for the keys search.use_best names, the run's own `set`, experiments.set:
-pipeline.common.resolve), so which keys of params.yaml a run reads depends on the profile.
+pipeline.matrix.resolve), so which keys of params.yaml a run reads depends on the profile.
 Rather than list keys in dvc.yaml, the train stage depends on the outcome: an edit that
 changes no run's values (a key every run takes from the search's best, such as
 train.optim.lr, or a tracking setting) reruns this stage in seconds and trains nothing;

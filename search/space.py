@@ -180,16 +180,16 @@ SEARCHED_FLOOR = 1  # the search's runs: every searched knob takes a step at lea
 
 
 def to_steps(fraction: float, steps: int, *, floor: int) -> int:
-    """A schedule knob given as a fraction of a run's `steps`, in steps: the nearest whole
-    number, `floor` at the least. The one rule of the search and of the pipeline's runs.
+    """A schedule knob given as a fraction of a run's `steps`, in steps (`abtrain.config.
+    to_steps`, the one rule of the config, the search and the matrix).
 
     Their floors differ: the search's is SEARCHED_FLOOR for every knob, the matrix's runs
-    floor only the AB phase lengths (`pipeline.common.RUN_FLOORS`; a warm-up may be empty).
-    That tells only where a fraction rounds to 0 steps: never in params.yaml's or the paper
-    profile's runs and searches, but in the paper miniature's (runs of 3 steps, a search of
-    8) and the tests' small searches.
+    and a config's fractions floor only the AB phase lengths (`abtrain.config.STEP_FLOORS`;
+    a warm-up may be empty). That tells only where a fraction rounds to 0 steps: never in
+    params.yaml's or the paper profile's runs and searches, but in the paper miniature's
+    (runs of 3 steps, a search of 8) and the tests' small searches.
     """
-    return max(floor, round(fraction * steps))
+    return abconfig.to_steps(fraction, steps, floor=floor)
 
 
 def overrides(hp: dict[str, Any], space: dict[str, Any], steps: int) -> list[str]:

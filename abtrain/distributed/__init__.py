@@ -1,1 +1,1 @@
-"""Process setup and every collective: the launch environment, A/B process groups, the ledger, BatchNorm across ranks."""
+"""Processes and every collective: the launch environment, A/B groups, the ledger, BatchNorm."""

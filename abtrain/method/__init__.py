@@ -1,1 +1,1 @@
-"""AB training and its peers as one object any loop uses (Algorithm 1): schedule, factorisation, syncs."""
+"""AB training and its peers as one object any loop uses (Algorithm 1), with its parts."""

@@ -11,8 +11,10 @@ Algorithm 1 of the paper, seen from the loop. Before each step's forward pass,
 - sync: A and B averaged over the world, W = A·B rebuilt (lines 18-21);
 - rebound: full-rank DDP over the world, then the next AB phase.
 
-Each change of representation restarts the learning rate from near 0: multiply the
-loop's own learning rate by `lr_factor(step)`. `finish()` ends merged and full rank;
+Each change of representation restarts the learning rate from a fraction of it: multiply
+the loop's own learning rate by `lr_factor(step)`, set `lr(step, base)`, or wrap a torch
+scheduler in `rebound(scheduler)`. During an AB phase the replicas differ (each group trains
+its own factor): an evaluation there scores this rank's replica. `finish()` ends merged and full rank;
 `full_rank_model()` gives the model back with its own Linear/Conv2d layers. Every
 collective is counted in `ledger` (bytes within and across nodes, by phase). DDP, PowerSGD
 and the AB variants are this same object, the first two with one full-rank phase; abtrain's
@@ -35,9 +37,21 @@ from torch.nn.parallel import DistributedDataParallel
 from abtrain.config import ConfigError, MethodConfig
 from abtrain.distributed import batchnorm, groups, ledger, process
 from abtrain.method import guidelines, lowrank, methods, schedule, sync
+from abtrain.method.rebound import ReboundLR
 from abtrain.method.schedule import Phase
 
 DONE = Phase("done")  # after `finish()`: merged, full rank, no DDP wrapper
+# DistributedDataParallel's arguments each phase sets; `ddp_options` may give the others
+DDP_SET_HERE = {
+    "module",
+    "device_ids",
+    "process_group",
+    "init_sync",
+    "forward_sync_buffers",
+    "gradient_as_bucket_view",
+    "bucket_cap_mb",
+    "device_mesh",
+}
 
 
 class ABTraining:
@@ -57,7 +71,8 @@ class ABTraining:
 
     `node` is this rank's node (default: torchrun's GROUP_RANK or SLURM_NODEID); `run_dir`,
     if given, receives the ledger's `ledger.csv` (and per-collective rows with
-    `ledger_rows`).
+    `ledger_rows`). `ddp_options` go to every DistributedDataParallel it wraps, e.g.
+    `{"find_unused_parameters": True}` for a model with a layer some steps leave unused.
     """
 
     def __init__(
@@ -73,8 +88,16 @@ class ABTraining:
         node: int | None = None,
         run_dir: str | Path | None = None,
         ledger_rows: bool = False,
+        ddp_options: dict[str, Any] | None = None,
         **ab_settings: Any,
     ) -> None:
+        taken = sorted(set(ddp_options or {}) & DDP_SET_HERE)
+        if taken:
+            raise ConfigError(
+                f"ddp_options: {', '.join(taken)} is set by ABTraining itself (each phase's "
+                f"group and buckets); pass DDP's other arguments, e.g. find_unused_parameters"
+            )
+        self.ddp_options = dict(ddp_options or {})
         given = dict(steps=steps, method=method, seed=seed, **ab_settings)
         cfg = guidelines.settle(cfg, given)
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
@@ -120,6 +143,7 @@ class ABTraining:
         self.factorizations: list[dict[str, Any]] = []  # step, compression_ratio, ranks
         self.ddp: DistributedDataParallel | None = None
         self.fresh = True  # no wrap yet: the first one gives every rank rank 0's state
+        self.loaded = False  # a state loaded: the first step may be any
         # seconds spent since the last `take_times()` in syncs (comm), SVDs, DDP wraps
         self.spent = dict.fromkeys(("comm", "svd", "wrap"), 0.0)
 
@@ -140,6 +164,11 @@ class ABTraining:
             raise ValueError(f"module({step}) after finish(): the run has ended merged")
         if not 0 <= step < self.cfg.steps:
             raise ValueError(f"module({step}): steps run from 0 to {self.cfg.steps - 1}")
+        if self.step is None and step != 0 and not self.loaded:
+            raise ValueError(
+                f"module({step}) as the first call: a run starts at step 0 (a later start "
+                "would skip the warm-up); to continue a run, load_state_dict() its state first"
+            )
         if self.step is not None and step not in (self.step, self.step + 1):
             raise ValueError(
                 f"module({step}) after module({self.step}): steps must come in order, "
@@ -148,10 +177,12 @@ class ABTraining:
             )
 
     def lr_factor(self, step: int, base: Callable[[int], float] | None = None) -> float:
-        """The learning-rate rebound at `step`, a factor of the loop's own LR: the ramp from
-        near 0 over `ab.lr_rebound_steps` after each change of representation, else 1.
-        Under `ab.lr_rebound: authors` the ramp is set from the schedule's value at the
-        change, so give your schedule, `base` (the LR as a function of the step)."""
+        """The learning-rate rebound at `step`, a factor of the loop's own LR: the ramp
+        (i+1)/(N+1) over the N = `ab.lr_rebound_steps` steps i = 0.. after each change of
+        representation (1/(N+1) at the change: 0.5 with N = 1), else 1. Under
+        `ab.lr_rebound: authors` the ramp is set from the schedule's value at the change,
+        so give your schedule, `base` (the LR as a function of the step). Multiply an LR
+        computed from the step alone by it; with a torch scheduler use `rebound()`."""
         if self.cfg.ab.lr_rebound == "abtrain":
             return schedule.rebound_factor(step, self.cfg)
         if base is None:
@@ -168,6 +199,12 @@ class ABTraining:
         either `ab.lr_rebound`. What abtrain's trainer sets each step."""
         return schedule.rebound_lr(step, self.cfg, base)
 
+    def rebound(self, scheduler: Any) -> ReboundLR:
+        """Any torch LR scheduler with the rebound applied on top (`rebound.ReboundLR`):
+        call the returned object's `step()` in place of the scheduler's. Right for a
+        chainable scheduler too (CosineAnnealingLR), where `lr_factor` would compound."""
+        return ReboundLR(scheduler, self.cfg)
+
     def finish(self) -> nn.Module:
         """End the run merged and full rank (a sync if it stands in an AB phase); returns
         the model, whose factorised layers now compute with W = A·B."""
@@ -179,7 +216,12 @@ class ABTraining:
     def full_rank_model(self) -> nn.Module:
         """The model with its own layers back in place of the LowRankLayers (holding the
         merged weights); call after `finish()`. This object is of no further use then."""
-        if self.phase is not None and self.phase != DONE:
+        if self.phase is None:
+            raise RuntimeError(
+                "full_rank_model() before the first module(): nothing has trained, and the "
+                "object would lose the layers it factorises; call it after finish()"
+            )
+        if self.phase != DONE:
             raise RuntimeError("full_rank_model() before finish(): the replicas still differ")
         for name, layer in self._originals.items():  # they share W and bias with the wrappers
             parent, _, child = name.rpartition(".")
@@ -241,7 +283,7 @@ class ABTraining:
             if self.phase is not None and self.phase.low_rank:
                 layer.set_factors(layer.a.data, layer.b.data, self.role)
         self.ledger.load_state(state["ledger"])
-        self.ddp, self.fresh = None, False
+        self.ddp, self.fresh, self.loaded = None, False, True
 
     def take_times(self) -> dict[str, float]:
         """Seconds spent in syncs (comm), SVDs and DDP wraps since the last call."""
@@ -292,9 +334,11 @@ class ABTraining:
 
     def _factorize(self) -> None:
         ab = self.cfg.ab
+        before = {name: (layer.a, layer.b) for name, layer in self.layers.items()}
         ranks = sync.factorize_layers(
             self.layers, ab.sigma_cutoff, self.groups.role, self.ledger, ab.split_sigma
         )
+        lowrank.renew_factors(self.optimizer, before, self.layers)
         ratio = lowrank.compression_ratio(self.model)
         self.factorizations.append(
             dict(step=self.ledger.step, compression_ratio=ratio, ranks=ranks)
@@ -321,6 +365,7 @@ class ABTraining:
             forward_sync_buffers=False,
             gradient_as_bucket_view=True,  # one copy of the gradients, not two
             bucket_cap_mb=self.method.bucket_cap_mb(self.cfg, self.backend),
+            **self.ddp_options,
         )
         self.ddp.register_comm_hook(*self.method.comm_hook(self.cfg, self.ledger, group))
         self.fresh = False
@@ -338,7 +383,7 @@ def _add_factors(opt: torch.optim.Optimizer, layers: dict[str, lowrank.LowRankLa
     decay and betas), unless the optimizer has them already."""
     group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
     for layer in layers.values():  # each weight in the optimizer: the survey saw to it
-        group = group_of[id(layer.weight)]
+        group = group_of[id(layer.w)]
         for factor in (layer.a, layer.b):
             if id(factor) not in group_of:
                 group["params"].append(factor)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -102,6 +103,12 @@ class LowRankLayer(nn.Module):
     wide layer; `left()` and `right()` are the two factors of the view, out × k and k × in.
     The layer's shape attributes (in_features, out_channels, kernel_size, ...) are copied
     too: model code that reads them from its submodules keeps working after `convert`.
+
+    While the layer is factorised, reading `layer.weight` from outside (a tied decoder, an
+    alias, a helper, `getattr`: any path, seen by the survey or not) gives W as the factors
+    make it now, A·B, through which the gradient reaches the trained factor: the reader
+    trains what the layer trains. The parameter W itself, frozen and stale until the merge,
+    is `w`; abtrain's own code uses that.
     """
 
     def __init__(self, layer: nn.Linear | nn.Conv2d) -> None:
@@ -119,13 +126,28 @@ class LowRankLayer(nn.Module):
                 self.pad = (tuple(layer._reversed_padding_repeated_twice), layer.padding_mode)
                 padding = 0
             self.conv = dict(stride=layer.stride, padding=padding, dilation=layer.dilation)
-        self.weight = layer.weight
+        self.weight = layer.weight  # registered: state dicts keep the name
         self.bias = layer.bias
         self.transposed = is_wide(layer.weight.shape)  # A·B is the view's transpose
         empty = torch.empty(0, dtype=layer.weight.dtype, device=layer.weight.device)
         self.a = nn.Parameter(empty.clone(), requires_grad=False)
         self.b = nn.Parameter(empty.clone(), requires_grad=False)
         self.factorized = False
+
+    @property
+    def w(self) -> nn.Parameter:
+        """W, the parameter: trained at full rank, frozen (and stale) while factorised."""
+        return self._parameters["weight"]
+
+    def __getattr__(self, name: str) -> Any:
+        # nn.Module keeps parameters out of __dict__, so every read of `weight` comes here
+        if name == "weight" and self.__dict__.get("factorized"):
+            return self.product()
+        return super().__getattr__(name)
+
+    def product(self) -> Tensor:
+        """A·B in W's shape, differentiable in the trained factor."""
+        return (self.left() @ self.right()).reshape(self.w.shape)
 
     @property
     def rank(self) -> int:
@@ -140,11 +162,17 @@ class LowRankLayer(nn.Module):
         return self.a.t() if self.transposed else self.b
 
     def set_factors(self, a: Tensor, b: Tensor, train: str) -> None:
-        """Switch to A·B form, training only `train` ('a' or 'b')."""
-        self.a.data = a.contiguous()
-        self.b.data = b.contiguous()
+        """Switch to A·B form, training only `train` ('a' or 'b'). A factor whose shape
+        changes becomes a new parameter: an autograd graph a loop kept alive (a loss kept
+        in a list) pins the old one's shape, and the next backward would fail on it. The
+        optimizer is told by `renew_factors`."""
+        for name, value in (("a", a), ("b", b)):
+            if getattr(self, name).shape == value.shape:
+                getattr(self, name).data = value.contiguous()
+            else:
+                setattr(self, name, nn.Parameter(value.contiguous(), requires_grad=False))
         self.factorized = True
-        self.weight.requires_grad_(False)
+        self.w.requires_grad_(False)
         self.a.requires_grad_(train == "a")
         self.b.requires_grad_(train == "b")
 
@@ -155,29 +183,29 @@ class LowRankLayer(nn.Module):
         with torch.no_grad():
             product = self.a.to(dtype) @ self.b.to(dtype)
             product = product.t() if self.transposed else product
-            self.weight.copy_(product.reshape(self.weight.shape))
+            self.w.copy_(product.reshape(self.w.shape))
         self.factorized = False
-        self.weight.requires_grad_(True)
+        self.w.requires_grad_(True)
         self.a.requires_grad_(False)
         self.b.requires_grad_(False)
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.is_conv:
             if not self.factorized:
-                return F.linear(x, self.weight, self.bias)
+                return F.linear(x, self.w, self.bias)
             return F.linear(F.linear(x, self.right()), self.left(), self.bias)
         if self.pad is not None:
             x = F.pad(x, self.pad[0], mode=self.pad[1])
         if not self.factorized:
-            return F.conv2d(x, self.weight, self.bias, **self.conv)
+            return F.conv2d(x, self.w, self.bias, **self.conv)
         k = self.rank
-        right = self.right().reshape(k, *self.weight.shape[1:])
-        left = self.left().reshape(self.weight.shape[0], k, 1, 1)
+        right = self.right().reshape(k, *self.w.shape[1:])
+        left = self.left().reshape(self.w.shape[0], k, 1, 1)
         return F.conv2d(F.conv2d(x, right, None, **self.conv), left, self.bias)
 
     def extra_repr(self) -> str:
         kind = "conv" if self.is_conv else "linear"
-        return f"{kind} {tuple(self.weight.shape)}, rank={self.rank or 'full'}"
+        return f"{kind} {tuple(self.w.shape)}, rank={self.rank or 'full'}"
 
 
 _SHAPE_ATTRS = (
@@ -396,10 +424,10 @@ def parameter_counts(model: nn.Module) -> tuple[int, int]:
     full = current = 0
     seen = set()
     for layer in low_rank_layers(model).values():
-        w = layer.weight.numel()
+        w = layer.w.numel()
         full += w
         current += layer.a.numel() + layer.b.numel() if layer.rank else w
-        seen.update({id(layer.weight), id(layer.a), id(layer.b)})
+        seen.update({id(layer.w), id(layer.a), id(layer.b)})
     for p in model.parameters():
         if id(p) not in seen:
             full += p.numel()
@@ -421,6 +449,28 @@ def fit_shape(t: Tensor, shape: torch.Size) -> Tensor:
     return out
 
 
+def renew_factors(
+    opt: torch.optim.Optimizer,
+    before: dict[str, tuple[nn.Parameter, nn.Parameter]],
+    layers: dict[str, LowRankLayer],
+) -> None:
+    """Where a factorisation made new factor parameters (`set_factors`, on a change of
+    shape), the optimizer takes the new ones in the old ones' place, with their state."""
+    swap = {
+        id(old): (old, new)
+        for name, layer in layers.items()
+        for old, new in zip(before[name], (layer.a, layer.b))
+        if old is not new
+    }
+    if not swap:
+        return
+    for group in opt.param_groups:
+        group["params"] = [swap[id(p)][1] if id(p) in swap else p for p in group["params"]]
+    for old, new in swap.values():
+        if old in opt.state:
+            opt.state[new] = opt.state.pop(old)
+
+
 def adapt_optimizer_state(
     opt: torch.optim.Optimizer, layers: dict[str, LowRankLayer], mode: str
 ) -> None:
@@ -428,7 +478,7 @@ def adapt_optimizer_state(
     SGD's momentum, any optimizer's): carried (cut or zero-padded) or reset. Scalars (a
     step count) stay."""
     for layer in layers.values():
-        for p in (layer.weight, layer.a, layer.b):
+        for p in (layer.w, layer.a, layer.b):
             state = opt.state.get(p)
             if not state:
                 continue

@@ -126,7 +126,7 @@ def rebound_lr(step: int, cfg: MethodConfig, base: Callable[[int], float]) -> fl
 
 
 def rebound_factor(step: int, cfg: MethodConfig) -> float:
-    """abtrain's rebound as a factor of the schedule: a ramp from near 0 over
+    """abtrain's rebound as a factor of the schedule: a ramp from 1/(N+1) over
     `lr_rebound_steps` after each change of representation (1 elsewhere)."""
     return rebound_lr(step, cfg, lambda _: 1.0)
 

@@ -36,18 +36,18 @@ def factorize_layers(
     has the same shapes even where σ differ. Without `split_sigma` the trained factor takes
     all of Σ (the authors' "no groups", where every rank trains B).
     """
-    svds = [lowrank.svd(layer.weight) for layer in layers.values()]
+    svds = [lowrank.svd(layer.w) for layer in layers.values()]
     ks = lowrank.keep_ranks([s for _, s, _ in svds], sigma_cutoff)
     ledger.all_reduce(ks, op=dist.ReduceOp.MAX)
     for layer, (u, s, vh), k in zip(layers.values(), svds, ks.tolist()):
         a, b = lowrank.split(u, s, vh, k, "both" if split_sigma else role)
-        layer.set_factors(a.to(layer.weight.dtype), b.to(layer.weight.dtype), role)
+        layer.set_factors(a.to(layer.w.dtype), b.to(layer.w.dtype), role)
     return dict(zip(layers, ks.tolist()))
 
 
 def shared_params(model: nn.Module, layers: dict[str, LowRankLayer]) -> list[nn.Parameter]:
     """Parameters never factorised: biases, norms, tokens, full-rank layers."""
-    factor_ids = {id(t) for layer in layers.values() for t in (layer.weight, layer.a, layer.b)}
+    factor_ids = {id(t) for layer in layers.values() for t in (layer.w, layer.a, layer.b)}
     return [p for p in model.parameters() if id(p) not in factor_ids]
 
 

@@ -64,17 +64,17 @@ def sizes(cfg: Config, classes: int, keep: float = 1.0) -> Sizes:
     full = 4 * sum(p.numel() for p in params)
     norms = [m.num_features for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     layers = lowrank.convert(model, cfg.ab.full_rank_layers)
-    weights = {id(layer.weight) for layer in layers.values()}
+    weights = {id(layer.w) for layer in layers.values()}
     a = b = 0
     for layer in layers.values():
-        rows, cols = layer.weight.shape[0], layer.weight[0].numel()
+        rows, cols = layer.w.shape[0], layer.w[0].numel()
         k = max(1, round(keep * min(rows, cols)))
-        (long, _), (_, short) = lowrank.factor_shapes(layer.weight.shape, k)
+        (long, _), (_, short) = lowrank.factor_shapes(layer.w.shape, k)
         a, b = a + 4 * long * k, b + 4 * k * short
     out = Sizes(
         params=sum(p.numel() for p in params),
         full=full,
-        shared=full - 4 * sum(layer.weight.numel() for layer in layers.values()),
+        shared=full - 4 * sum(layer.w.numel() for layer in layers.values()),
         a=a,
         b=b,
         layers=len(layers),

@@ -74,8 +74,8 @@ def ranks_csv(factorizations: list[dict[str, Any]], layers: dict[str, Any]) -> s
     out.write("step,layer,rank,rows,cols,full_rank,kept_fraction,a_shape,b_shape\n")
     for f in factorizations:
         for name, k in f["ranks"].items():
-            shape = layers[name].weight.shape
-            rows, cols = lowrank.as_matrix(layers[name].weight).shape
+            shape = layers[name].w.shape
+            rows, cols = lowrank.as_matrix(layers[name].w).shape
             a, b = ("x".join(map(str, s)) for s in lowrank.factor_shapes(shape, k))
             out.write(f"{f['step']},{name},{k},{rows},{cols},{min(rows, cols)},")
             out.write(f"{k / min(rows, cols):.6g},{a},{b}\n")
@@ -102,7 +102,7 @@ def layers_csv(survey: list[lowrank.LayerChoice]) -> str:
 
 def mean_rank_fraction(ranks: dict[str, int], layers: dict[str, Any]) -> float:
     """The kept rank over the full rank, averaged over the factorised layers."""
-    full = {n: min(lowrank.as_matrix(layers[n].weight).shape) for n in ranks}
+    full = {n: min(lowrank.as_matrix(layers[n].w).shape) for n in ranks}
     return sum(ranks[n] / full[n] for n in ranks) / len(ranks)
 
 

@@ -59,7 +59,10 @@ def baseline(done: dict[str, dict], s: dict) -> dict | None:
 def point(s: dict) -> str:
     """A finished run's comparison point, from its result file."""
     r = s["run"]
-    return comparison_point(r["model"], r["data"], s["nodes"], s["ranks_per_node"], s["batch_size"])
+    world = r["nodes"] * r["ranks_per_node"]
+    return comparison_point(
+        r["model"], r["data"], r["nodes"], r["ranks_per_node"], r["global_batch"] // world
+    )
 
 
 def per_step(s: dict) -> float:

@@ -751,7 +751,7 @@ def test_a_killed_prepares_temporary_folder_is_removed_by_the_next(tmp_path):
     source = str(tmp_path / "tree")
     code = (
         "import os, sys\n"
-        "from abtrain import prepare\n"
+        "from abtrain.data import prepare\n"
         "def stop(*a, **k):\n"
         "    os.kill(os.getpid(), 9)\n"
         "prepare._decode_all = stop\n"  # killed while it decodes, its folder half-written
@@ -850,7 +850,7 @@ def test_a_killed_prepare_after_an_up_to_date_one_leaves_nothing(tmp_path):
     prepare.prepare(cfg)
     code = (
         "import os\n"
-        "from abtrain import prepare\n"
+        "from abtrain.data import prepare\n"
         "prepare.fingerprint = lambda d: {'another': 'config'}\n"  # not up to date to it
         "prepare._decode_all = lambda *a, **k: os.kill(os.getpid(), 9)\n"
         f"prepare.prepare(prepare.ImageData.model_validate({cfg.model_dump()!r}))\n"

@@ -115,10 +115,10 @@ def test_factorised_layer_runs_as_two_small_ops_equal_to_rebuilt_w(make):
     x = torch.randn(4, 10) if not layer.is_conv else torch.randn(2, 3, 8, 8)
     a, b = lowrank.factorize(layer.weight.detach(), 0.3)
     layer.set_factors(a, b, train="b")
-    assert not layer.a.requires_grad and layer.b.requires_grad and not layer.weight.requires_grad
+    assert not layer.a.requires_grad and layer.b.requires_grad and not layer.w.requires_grad
     y = layer(x)
     y.sum().backward()
-    assert layer.a.grad is None and layer.b.grad is not None and layer.weight.grad is None
+    assert layer.a.grad is None and layer.b.grad is not None and layer.w.grad is None
     layer.merge()
     assert layer.weight.requires_grad and not layer.b.requires_grad
     torch.testing.assert_close(layer(x), y.detach(), atol=1e-5, rtol=1e-5)

@@ -127,7 +127,7 @@ def test_the_plan_scales_each_run_as_the_pipeline_would(tmp_path, monkeypatch):
     ]  # fmt: skip
     sets = {r["epochs"]: dict(s.split("=", 1) for s in r["sets"]) for r in runs}
     assert sets[1]["steps"] == "40" and sets[4]["steps"] == "160"
-    # the schedule, the same fractions of each length (pipeline.common.resolve)
+    # the schedule, the same fractions of each length (pipeline.matrix.resolve)
     assert int(sets[4]["ab.warmup_steps"]) == 4 * int(sets[1]["ab.warmup_steps"])
     assert sets[4]["eval_every"] == str(160 // lengths.EVALUATIONS)
     assert lengths.estimate(p, runs, tmp_path / "results")[-1] == lengths.LAUNCH_SECONDS + 20.0

@@ -258,7 +258,14 @@ def test_both_two_node_weight_decays_of_the_authors_are_runs():
     assert wd("r50-ab-2n-local").optim.weight_decay == 0.1
     assert wd("r50-ab-2n-local-wd0.01").optim.weight_decay == 0.01
     assert wd("r50-ddp-2n-local-wd0.01").optim.weight_decay == 0.01
-    scale = dict(nodes=2, ranks_per_node=4, batch="local", model="resnet50", data="imagenet")
+    scale = dict(
+        nodes=2,
+        ranks_per_node=4,
+        batch="local",
+        global_batch=2048,
+        model="resnet50",
+        data="imagenet",
+    )
     done = {
         n: {"method": m, "run": {"name": n, **scale}}
         for n, m in [
