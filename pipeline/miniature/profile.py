@@ -59,7 +59,7 @@ def overrides(src: dict[str, Any]) -> list[tuple[str, Any, str]]:
         (f"{vgg}.data.train_per_class", CIFAR10_PER_CLASS["train"], "size"),
         (f"{vgg}.data.val_per_class", CIFAR10_PER_CLASS["val"], "size"),
         ("search.ranks", 4, "size"),  # one worker of search.ranks_per_worker = 4
-        ("search.evaluations", 4, "size"),
+        ("search.evaluations", 2, "size"),  # one worker: two individuals, two trials
         ("search.train.steps", 8, "size"),
         ("search.train.eval_every", 4, "size"),  # 2 evaluations: the median rule can prune
         ("search.train.batch_size", 4, "size"),

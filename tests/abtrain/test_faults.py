@@ -87,13 +87,23 @@ def test_a_signal_to_the_launchers_group_stops_every_rank_and_a_second_launch_is
             os.killpg(first.pid, signal.SIGKILL)
 
 
-@pytest.fixture
-def killed(tmp_path):
+@pytest.fixture(scope="module")
+def killed_once(tmp_path_factory):
     """A ddp run on 2 ranks killed at step 35; checkpoints at 10, 20, 30 (two kept)."""
-    proc = launch(tmp_path, *DDP, env={"ABTRAIN_FAIL_AT": "1:35"}, nnodes=1, nproc=2)
+    out = tmp_path_factory.mktemp("killed") / "run"
+    proc = launch(out, *DDP, env={"ABTRAIN_FAIL_AT": "1:35"}, nnodes=1, nproc=2)
     assert proc.returncode != 0
-    assert checkpointer.resume_candidates(tmp_path / "checkpoints") == [30, 20]
-    return tmp_path
+    assert checkpointer.resume_candidates(out / "checkpoints") == [30, 20]
+    return out
+
+
+@pytest.fixture
+def killed(killed_once, tmp_path):
+    """A copy of the killed run's folder for each test to damage as it likes: the run is
+    killed once for them all (each test used to kill one of its own)."""
+    out = tmp_path / "run"
+    shutil.copytree(killed_once, out, symlinks=True)
+    return out
 
 
 def test_a_lost_latest_resumes_from_the_newest_whole_checkpoint(killed):

@@ -210,26 +210,69 @@ RECORD = ("results/search/propulate/best.json", "results/search/propulate/evalua
 
 
 @pytest.mark.multiprocess
-def test_a_fresh_clone_trains_from_the_committed_search_record(mini, tmp_path):
-    """As a new user: clone what was committed (the searches' records, dvc.lock, results)
-    and `dvc repro`. The searches don't run again (their outcome moves with timing); every
-    run trains again, and gives back the committed figures exactly."""
+def test_a_fresh_clone_retrains_one_run_then_trains_the_rest_from_the_committed_record(
+    mini, tmp_path
+):
+    """As a new user: clone what was committed (the searches' records, dvc.lock, results).
+    First the README's retrain command: one run trained afresh through DVC, then the report
+    alone; no search reruns, no other run trains, and every other committed file, the other
+    stages' lines of dvc.lock included, stays byte for byte. Then `dvc repro`: the searches
+    don't run again (their outcome moves with timing); every other run trains, and every run
+    gives back the committed figures exactly. One clone for both (each used to make its own)."""
     repo, _ = mini
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "the pipeline's outputs")
     clone = tmp_path / "clone"
     git(tmp_path, "clone", "-q", str(repo), str(clone))
     assert not (clone / "runs").exists()  # nothing of the search's workspace travels
-    again = dvc(clone, "repro")
-    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
-    assert "Running stage 'search@" not in again.stdout
-    for name in RUN_NAMES:
-        assert f"Running stage 'train@{name}'" in again.stdout
+
+    name = "ab-2x1"
+    own = {f"{d}/{name}.json" for d in ("results", "plots", "metrics")}
+    command = re.search(r"\n(\.venv/bin/python -m pipeline\.retrain [^\n]*)\n", README.read_text())
+    assert command, "the README gives no retrain command"
+    args = shlex.split(command[1])[1:]
+    args[-1] = name  # the README's example run, as this miniature names its runs
+
+    def committed() -> dict[str, bytes]:
+        out = {}
+        for top in ("results", "plots", "metrics", "bench/results"):
+            for f in (clone / top).rglob("*"):
+                rel = str(f.relative_to(clone))
+                if f.is_file() and rel not in own:
+                    out[rel] = f.read_bytes()
+        lock = yaml.safe_load((clone / "dvc.lock").read_text())["stages"]
+        mine = (f"train@{name}", "report")
+        out["dvc.lock"] = json.dumps({k: v for k, v in lock.items() if k not in mine})
+        return out
+
+    before = committed()
+    result = json.loads((clone / "results" / f"{name}.json").read_text())
+    report = (clone / "reports" / "README.md").stat().st_mtime_ns
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    run = subprocess.run(
+        [sys.executable, *args], cwd=clone, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    ran = re.findall(r"Running stage '([^']+)'", run.stdout)
+    assert ran == [f"train@{name}", "report"], ran  # one run trained, then the report
+    assert committed() == before
+    again = json.loads((clone / "results" / f"{name}.json").read_text())
+    assert again["val_top1"] == result["val_top1"]  # the same config trains the same run
+    assert again["wall_seconds"] != result["wall_seconds"]  # and it did train
+    assert (clone / "reports" / "README.md").stat().st_mtime_ns > report
+
+    rest = dvc(clone, "repro")
+    assert rest.returncode == 0, rest.stdout[-4000:] + rest.stderr[-4000:]
+    assert "Running stage 'search@" not in rest.stdout
+    assert f"Running stage 'train@{name}'" not in rest.stdout  # trained above
+    for other in RUN_NAMES - {name}:
+        assert f"Running stage 'train@{other}'" in rest.stdout
+    for each in RUN_NAMES:
         mine, theirs = (
-            json.loads((r / "metrics" / f"{name}.json").read_text()) for r in (clone, repo)
+            json.loads((r / "metrics" / f"{each}.json").read_text()) for r in (clone, repo)
         )
         mine.pop("wall_minutes"), theirs.pop("wall_minutes")
-        assert mine == theirs, name
+        assert mine == theirs, each
     for path in RECORD:
         assert (clone / path).read_bytes() == (repo / path).read_bytes()
     status = dvc(clone, "status", "--json")
@@ -576,58 +619,6 @@ def test_dvc_plots_show_draws_offline(mini):
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
     assert dom.stdout.count('class="marks"') >= 2, dom.stdout[-2000:]  # both charts drawn
-
-
-@pytest.mark.multiprocess
-def test_the_readmes_retrain_command_trains_one_run_and_the_report_on_a_fresh_clone(mini):
-    """The README's command, on a clone whose run folders are absent (as a fresh clone's
-    are): one run trained afresh through DVC, then the report alone; no search reruns, no
-    other run trains, and every other committed file, the other stages' lines of dvc.lock
-    included, stays byte for byte."""
-    repo, _ = mini
-    name = "ab-2x1"
-    own = {f"{d}/{name}.json" for d in ("results", "plots", "metrics")}
-    command = re.search(r"\n(\.venv/bin/python -m pipeline\.retrain [^\n]*)\n", README.read_text())
-    assert command, "the README gives no retrain command"
-    args = shlex.split(command[1])[1:]
-    args[-1] = name  # the README's example run, as this miniature names its runs
-
-    def committed() -> dict[str, bytes]:
-        out = {}
-        for top in ("results", "plots", "metrics", "bench/results"):
-            for f in (repo / top).rglob("*"):
-                rel = str(f.relative_to(repo))
-                if f.is_file() and rel not in own:
-                    out[rel] = f.read_bytes()
-        lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-        mine = (f"train@{name}", "report")
-        out["dvc.lock"] = json.dumps({k: v for k, v in lock.items() if k not in mine})
-        return out
-
-    kept = repo.parent / f"{repo.name}-runs"  # a fresh clone has no run folders
-    shutil.move(repo / "runs", kept)
-    try:
-        before, result = committed(), json.loads((repo / "results" / f"{name}.json").read_text())
-        report = (repo / "reports" / "README.md").stat().st_mtime_ns
-        env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
-        run = subprocess.run(
-            [sys.executable, *args], cwd=repo, env=env, capture_output=True, text=True, timeout=900
-        )
-        assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-        ran = re.findall(r"Running stage '([^']+)'", run.stdout)
-        assert ran == [f"train@{name}", "report"], ran  # one run trained, then the report
-        assert committed() == before
-        again = json.loads((repo / "results" / f"{name}.json").read_text())
-        assert again["val_top1"] == result["val_top1"]  # the same config trains the same run
-        assert again["wall_seconds"] != result["wall_seconds"]  # and it did train
-        assert (repo / "reports" / "README.md").stat().st_mtime_ns > report
-    finally:  # the other runs' folders back, beside the one trained now
-        for folder in kept.glob("*/*"):
-            dest = repo / "runs" / folder.relative_to(kept)
-            if not dest.exists():
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(folder, dest)
-        shutil.rmtree(kept)
 
 
 def test_a_wrong_run_name_is_one_line():
