@@ -24,7 +24,7 @@ def make(model_cls, **kw):
     torch.manual_seed(0)  # every rank the same model, as for DDP
     model = model_cls()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    settings = dict(SCHEDULE, group_size=1, full_rank_layers=[], sigma_cutoff=0.05, **kw)
+    settings = {**SCHEDULE, "group_size": 1, "full_rank_layers": [], "sigma_cutoff": 0.05, **kw}
     ab = abtrain.ABTraining(model, opt, steps=STEPS, node=dist.get_rank(), **settings)
     return model, opt, ab
 
@@ -121,10 +121,18 @@ class Two(nn.Module):
 
 
 def kept_losses():
-    model, opt, ab = make(Two, sigma_cutoff=0.6)
-    history, ranks = [], []
+    model, opt, ab = make(Two, sigma_cutoff=0.3)
+    history, ranks, spiked = [], [], False
     for step in range(STEPS):
         net = ab.module(step)
+        if ab.phase.kind == "rebound" and not spiked:
+            # one direction made to dominate every W (alike on both ranks): the next
+            # factorisation keeps rank 1, a change of shape from the first one's
+            with torch.no_grad():
+                for layer in ab.layers.values():
+                    w = layer.w
+                    w += 10 * w.norm() * torch.outer(torch.ones(w.shape[0]), torch.ones(w.shape[1]))
+            spiked = True
         x, y = batch(step)
         loss = F.cross_entropy(net(x), y)
         history.append(loss)  # the graph stays alive
