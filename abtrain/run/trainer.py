@@ -40,9 +40,9 @@ from abtrain.run.runstate import RunState
 from abtrain.tracking import tracker
 
 LOST = (
-    "{}, but the tracking store is gone and tracker.required is true: start the run "
+    "{}, but the tracking store is gone and tracking.required is true: start the run "
     "again once the store is back (it resumes from there and sends what the store missed), "
-    "or start it again now with --set tracker.required=false and the same --out to train on "
+    "or start it again now with --set tracking.required=false and the same --out to train on "
     "without it (it resumes too)"
 )
 

@@ -85,16 +85,17 @@ DONE_LINE = re.compile(
 )
 
 
-def assert_progress_lines(stdout: str, total: int) -> None:
+def assert_progress_lines(stdout: str, total: int, reached: int | None = None) -> None:
     """mpirun merges 4 ranks' output: every line arrives whole and names its worker (and
-    rank); each finished evaluation says which of how many, the best so far and the ETA."""
+    rank); each finished evaluation says which of how many, the best so far and the ETA.
+    `reached`: the last evaluation's number (`total` unless a torn row was cut off)."""
     lines = stdout.splitlines()
     assert lines and all(re.match(r"\[search w[01]( r\d)?\] ", x) for x in lines), lines
     done = [DONE_LINE.match(x) for x in lines if " evaluation " in x]
     assert done and all(done), lines
     assert {m.group(1) for m in done} == {"0", "1"}  # both workers reported
     assert {int(m.group(3)) for m in done} == {total}  # 2 workers divide Propulate's budget
-    assert max(int(m.group(2)) for m in done) >= total
+    assert max(int(m.group(2)) for m in done) >= (total if reached is None else reached)
     assert any(
         re.match(rf"\[search w\d\] \S+ started \(\d+ of {total} evaluations", x) for x in lines
     )
@@ -134,7 +135,9 @@ def test_search_is_killed_resumed_and_leaves_best_config_and_mlflow_runs(tmp_pat
 
     resumed = run(cmd + ["--resume"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_progress_lines(resumed.stdout, budget)
+    # the torn row's evaluation is not made again where the backend holds it done (Optuna's
+    # journal): the record then ends one short of the budget
+    assert_progress_lines(resumed.stdout, budget, reached=budget - 1)
     # the torn row cut off, every finished row kept byte for byte
     assert f"{path}:{len(whole)}: cut off a torn last line" in resumed.stderr
     after = path.read_bytes()
