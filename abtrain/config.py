@@ -305,7 +305,7 @@ def resolve_fractions(data: dict[str, Any]) -> dict[str, Any]:
         value = (data.get(section) or {}).get(key) if isinstance(data.get(section), dict) else None
         if not isinstance(value, float) or isinstance(value, bool):
             continue
-        if value.is_integer() and value >= 1:
+        if value.is_integer():  # 80.0 or 0.0: a number of steps written as a float
             value = int(value)
         elif not 0 < value < 1:
             raise ConfigError(

@@ -193,3 +193,20 @@ def test_a_key_given_twice_in_the_params_file_is_refused_naming_its_lines(tmp_pa
 def test_an_exponent_without_a_dot_is_the_number_it_means():
     assert tiny_config("optim.lr=1e30").optim.lr == 1e30  # YAML 1.1 alone reads a string
     assert tiny_config("optim.min_lr=1e-6").optim.min_lr == 1e-6
+
+
+def test_schedule_keys_as_fractions_of_steps_resolve_to_steps_with_the_matrixs_rule():
+    """params.yaml's phases are fractions of `steps`: a shorter run keeps its shape, with the
+    rounding and floors the matrix and the search use (config.to_steps)."""
+    from abtrain import config as c
+
+    at = {n: c.load(PARAMS, [f"steps={n}"]) for n in (400, 60, 7)}
+    assert (at[400].ab.warmup_steps, at[400].ab.ab_steps, at[400].optim.lr_warmup_steps) == (
+        80, 40, 20)  # fmt: skip
+    assert (at[60].ab.warmup_steps, at[60].ab.ab_steps, at[60].ab.rebound_steps) == (12, 6, 2)
+    assert at[7].ab.rebound_steps == 1  # a phase rounded to 0 steps keeps one (STEP_FLOORS)
+    assert c.load(PARAMS, ["ab.warmup_steps=80.0"]).ab.warmup_steps == 80  # steps as a float
+    assert c.load(PARAMS, ["ab.warmup_steps=0.0"]).ab.warmup_steps == 0
+    for bad in ("1.5", "-0.2"):
+        with pytest.raises(c.ConfigError, match=r"ab\.warmup_steps: .* neither a number of steps"):
+            c.load(PARAMS, [f"ab.warmup_steps={bad}"])
