@@ -298,12 +298,13 @@ def to_steps(fraction: float, steps: int, *, floor: int) -> int:
 
 def resolve_fractions(data: dict[str, Any]) -> dict[str, Any]:
     """`data` with each schedule key given as a fraction of `steps` in steps (a copy where
-    one is; ValueError naming a key whose number is neither)."""
+    one is; ConfigError naming a key whose number is neither)."""
     steps = data.get("steps")
     out = data
     for section, key in SCHEDULE_KEYS:
-        value = (data.get(section) or {}).get(key) if isinstance(data.get(section), dict) else None
-        if not isinstance(value, float) or isinstance(value, bool):
+        given = data.get(section)
+        value = given.get(key) if isinstance(given, dict) else None
+        if not isinstance(value, float):
             continue
         if value.is_integer():  # 80.0 or 0.0: a number of steps written as a float
             value = int(value)
