@@ -2,11 +2,12 @@
 # The fast tier: set up, lint, then every test but the kinds that take minutes: those marked
 # multiprocess (torchrun, gloo ranks, mpirun), cluster (the local Slurm cluster), browser
 # (Chromium), pipeline (DVC, the pipeline's stages) and slow (pyproject.toml says which is
-# which). A few minutes on 2 cores. `bash scripts/test.sh` runs every test (what CI runs).
+# which). About a minute and a half on 2 cores, on two pytest-xdist workers as the full run. `bash scripts/test.sh` runs every test (what CI runs).
 # Arguments go to pytest, e.g. `bash scripts/test-fast.sh tests/abtrain -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/python -m pytest -q -m "not (multiprocess or cluster or browser or pipeline or slow)" "$@"
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
+  -m "not (multiprocess or cluster or browser or pipeline or slow)" "$@"

@@ -1,3 +1,5 @@
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -98,7 +100,8 @@ def test_cli_stops_before_any_process_group(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- the CLI as a user runs it
-def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def python_m(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`python -m abtrain ARGS`, a process of its own (as a user starts it)."""
     return subprocess.run(
         [sys.executable, "-m", "abtrain", *args],
         cwd=cwd,
@@ -107,6 +110,19 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
     )
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """The same command through `abtrain.__main__.main`, what `python -m abtrain` calls, in
+    this process: each new process would import torch and timm again (about 4 s a call on
+    two cores). `python_m` is the process a user starts; a test below goes through it."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as stop:  # argparse's usage errors
+            code = stop.code if isinstance(stop.code, int) else 1
+    return subprocess.CompletedProcess(["abtrain", *args], code, out.getvalue(), err.getvalue())
 
 
 def sets(*overrides: str) -> list[str]:
@@ -148,7 +164,7 @@ def test_cli_a_malformed_set_value_names_the_override(tmp_path, command):
 
 
 def test_cli_check_on_the_committed_params_without_a_world_size():
-    run = cli("check", "--config", "params.yaml")
+    run = python_m("check", "--config", "params.yaml")
     assert run.returncode == 0, run.stderr
     assert "valid (ab, 2 ranks)" in run.stdout and "--world-size N" in run.stdout
     assert cli("check", "--config", "params.yaml", *sets("method=ddp")).returncode == 0
