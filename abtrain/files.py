@@ -176,3 +176,31 @@ def take_folder(out: Path) -> tuple[filelock.FileLock | None, str]:
     except filelock.Timeout:
         return None, f"{out} is in use by another run (it holds {out / '.lock'})"
     return lock, ""
+
+
+def hold(path: Path) -> int | None:
+    """An exclusive lock on `path` (created if absent) for as long as this process, or a
+    child it starts with the descriptor (`close_fds=False`), lives: the descriptor, or None
+    when another holds it. A process killed by any signal lets go with its last holder."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.set_inheritable(fd, True)  # a study's mpirun keeps it held until it is gone too
+    return fd
+
+
+def held(path: Path) -> bool:
+    """Another process holds the lock on `path` (`hold`, or a run folder's `take_folder`)."""
+    if not path.exists():
+        return False
+    fd = hold(path)
+    if fd is None:
+        return True
+    os.close(fd)
+    return False

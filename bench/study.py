@@ -22,6 +22,7 @@ adds the shared ones), and hands both to `conduct`.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -30,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from abtrain.files import atomic_write_text, read_record, write_record
+from abtrain.config import ConfigError
+from abtrain.files import atomic_write_text, hold, read_record, write_record
 from abtrain.run.progress import duration
 
 LAUNCH_SECONDS = 15.0  # start-up and rendezvous a run adds to its training (estimates)
@@ -167,11 +169,30 @@ def conduct(study: Study, a: argparse.Namespace) -> int:
         estimate(study, runs, found, listed=a.dry_run)
         if a.dry_run:
             return 0
-        if not a.report_only:
-            train(study, runs, found)
-        data = report(study, runs)
+        lock = occupy(study, a.runs_dir)
+        try:
+            if not a.report_only:
+                train(study, runs, found)
+            data = report(study, runs)
+        finally:
+            os.close(lock)
     print(study.closing(data), flush=True)
     return 0
+
+
+def occupy(study: Study, runs_dir: Path) -> int:
+    """The study's lock on its runs folder, or ConfigError before anything is touched: two
+    studies of one folder would train its runs twice over and write one record. The
+    processes the study starts (a search's mpirun) hold it too, so a study killed outright
+    keeps it until they are gone."""
+    path = runs_dir / ".study.lock"
+    fd = hold(path)
+    if fd is None:
+        raise ConfigError(
+            f"{runs_dir} is in use by another bench.{study.name} (it, or a process it started, "
+            f"holds {path}): nothing started; wait for it to end, then run this again"
+        )
+    return fd
 
 
 # ---------------------------------------------------------------- before and while training

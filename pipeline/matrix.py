@@ -224,9 +224,18 @@ def resolve(
     e, base = p["experiments"], base_config(p, run)
     local = base.batch_size if run.batch == "local" else e["reference_global_batch"] // run.world
     if local < 1:
-        raise ValueError(f"experiments.runs.{run.name}: no samples per rank")
+        raise abconfig.ConfigError(
+            f"experiments.runs.{run.name}: reference_global_batch="
+            f"{e['reference_global_batch']} leaves no sample per rank on {run.world} ranks"
+        )
     size = size or train_size(base)  # a planner may pass the size of data it doesn't have
-    steps = run.steps or max(1, math.floor(e["epochs"] * size / (local * run.world)))
+    steps = run.steps or math.floor(e["epochs"] * size / (local * run.world))
+    if steps < 1:
+        raise abconfig.ConfigError(
+            f"experiments.epochs={e['epochs']:g} is no whole step of run {run.name} "
+            f"({size} training samples, {local * run.world} a step): at least "
+            f"{local * run.world / size:.3g}, or give the run its own steps"
+        )
     matrix = f"experiments.runs.{run.name}"
     out = [
         Override("method", run.method, matrix),

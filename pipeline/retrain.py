@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 
+from abtrain.commands.localrun import die_with_parent
+from abtrain.config import ConfigError
+from abtrain.files import held, hold
 from pipeline.matrix import runs
 from pipeline.stage import RUNS, move_aside, params, stage
 
@@ -35,6 +39,11 @@ def main(name: str) -> int:
         )
         return 2
     folder = RUNS / "train" / name
+    # refused before anything moves: another retrain of it, or a run training in its folder
+    if hold(lock := RUNS / "train" / f".{name}.retrain.lock") is None:
+        raise ConfigError(f"{name} is being trained again already ({lock} is held): nothing moved")
+    if held(folder / ".lock"):
+        raise ConfigError(f"{folder} is in use by a run training now: nothing moved")
     if folder.exists():
         print(f"[pipeline] {folder} moved to {move_aside(folder)}; training {name} afresh")
     dvc = os.path.join(os.path.dirname(sys.executable), "dvc")
@@ -44,8 +53,11 @@ def main(name: str) -> int:
         ["--single-item", "--force", f"train@{name}"],
         ["--single-item", "report"],
     )
-    for args in steps:
-        if code := subprocess.run([dvc, "repro", *args]).returncode:
+    for args in steps:  # DVC goes with this command, and its stage with DVC
+        done = subprocess.run(
+            [dvc, "repro", *args], preexec_fn=lambda: die_with_parent(signal.SIGTERM)
+        )
+        if code := done.returncode:
             return code
     print(
         f"[pipeline] {name} trained again and the report remade (reports/README.md); "

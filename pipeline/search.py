@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from typing import Any
 import yaml
 
 from abtrain import config as abconfig
+from abtrain.commands.localrun import die_with_parent
 from abtrain.config import ConfigError
 from abtrain.files import atomic_write_text, read_record, read_record_rows
 from pipeline.stage import RUNS, SEARCHES, covered, leaves, move_aside, params, parser, stage
@@ -56,7 +58,11 @@ def run_mpirun(ranks: int, args: list[str]) -> int:
     env = dict(os.environ)
     if os.geteuid() == 0:  # Open MPI refuses root unless told
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return subprocess.run(cmd, env=env).returncode
+    # mpirun goes when its parent goes, by any signal (SIGTERM: it stops its ranks), and
+    # holds what the parent holds (a study's lock, `abtrain.files.hold`) until it is gone
+    return subprocess.run(
+        cmd, env=env, close_fds=False, preexec_fn=lambda: die_with_parent(signal.SIGTERM)
+    ).returncode
 
 
 def publish(out: Path, dest: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
+from abtrain.commands.localrun import die_with_parent
 from abtrain.config import one_line
 from abtrain.files import RecordError
 from search import space
@@ -25,7 +27,13 @@ DATA_COUNTS = Path("results/data/counts.json")  # each prepared data set's image
 
 
 def params() -> dict[str, Any]:
-    return abconfig.read_yaml(PARAMS)
+    """params.yaml, its `experiments` section checked (`pipeline.experiments`); `train` is
+    checked where each run's config is built from it."""
+    from pipeline import experiments  # it imports nothing of the stages
+
+    p = abconfig.read_yaml(PARAMS)
+    experiments.check(p, str(PARAMS))
+    return p
 
 
 def move_aside(out: Path) -> Path:
@@ -63,9 +71,50 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
 def stage(main: Callable[..., int], *args: str, who: str = "pipeline") -> int:
     """A stage's (or a study's) entry point: a config error or a damaged record ends it in
     one line naming the key or file, exit code 2, as `abtrain train`'s do (DVC prints the
-    line, then that the stage failed)."""
+    line, then that the stage failed).
+
+    Under DVC (which sets DVC_STAGE) the stage ends with DVC: a `dvc` killed by any signal
+    takes the stage down by SIGTERM, which stops what the stage started in turn, instead of
+    leaving it to train on and write the stage's outputs with no DVC to record them. Ctrl-C
+    ends it in one line."""
+    if os.environ.get("DVC_STAGE"):
+        die_with_parent(signal.SIGTERM)
     try:
         return main(*args)
+    except KeyboardInterrupt:
+        print(f"[{who}] stopped (Ctrl-C); nothing of this stage was recorded", file=sys.stderr)
+        return 130
     except (abconfig.ConfigError, space.SpaceError, RecordError) as err:
         print(f"[{who}] error: {one_line(err)}", file=sys.stderr, flush=True)
+        if note := params_left(str(err)):
+            print(f"[{who}] {note}", file=sys.stderr, flush=True)
         return 2
+
+
+def params_left(error: str) -> str | None:
+    """Where `error` names a key that params.yaml holds otherwise than its last commit: which
+    ones, and how to undo them (else None). `dvc exp run -S KEY=VALUE` writes the value into
+    params.yaml and leaves it there when a stage refuses it, so the next `dvc repro` would
+    meet it again."""
+    import subprocess
+
+    import yaml
+
+    try:
+        committed = subprocess.run(
+            ["git", "show", f"HEAD:{PARAMS}"], capture_output=True, text=True, timeout=30
+        )
+        if committed.returncode:
+            return None
+        keys = abconfig.diff_keys(yaml.safe_load(committed.stdout), abconfig.read_yaml(PARAMS))
+    except (OSError, subprocess.TimeoutExpired, yaml.YAMLError, abconfig.ConfigError):
+        return None
+    # a key of `train` is named without its section (optim.lr)
+    named = [k for k in keys if k in error or k.removeprefix("train.") in error]
+    if not named:
+        return None
+    return (
+        f"{PARAMS} differs from its last commit in {', '.join(named)} (`dvc exp run -S` "
+        f"leaves its values there): `git diff {PARAMS}` shows them, `git checkout {PARAMS}` "
+        "undoes them"
+    )

@@ -331,7 +331,10 @@ class Trainer:
             run_id = self.tracker.run_id or ""
             step = self.state.step
             self.checkpointer.save(step, self.model, self.opt, self.state, self.ab, run_id, writer)
-            # 1: asked to stop, to be requeued; 2: the store this run requires is gone
+            # 1: asked to stop, to be requeued; 2: the store this run requires is gone, as
+            # a write to it now tells (a lost store is not written to between checkpoints)
+            if self.tracker.must_stop:
+                self.tracker.flush()
             why = max(int(self.stops.requested()), 2 * int(self.tracker.must_stop))
             stop = torch.tensor([why], device=self.device)
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)

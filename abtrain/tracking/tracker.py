@@ -422,8 +422,10 @@ class Tracker:
         """The store is gone and the config says the run needs it."""
         return self.lost is not None and self.required
 
-    def _send(self, what: str, request: Any, *args: Any) -> bool:
-        """One request to the store; False (reported once per loss) if it failed."""
+    def _send(self, what: str, request: Any, *args: Any, store: bool = True) -> bool:
+        """One request; False (reported once per loss) if it failed. Only a write the
+        store itself took (`store`: metrics, a status) says it is back: an artifact goes to
+        the artifact store, which may answer while the tracking store does not."""
         try:
             request(*args)
         except Exception as err:
@@ -437,7 +439,7 @@ class Tracker:
                     flush=True,
                 )
             return False
-        if self.lost is not None:
+        if self.lost is not None and store:
             print(f"[abtrain] tracking store {self.uri} is back", file=sys.stderr, flush=True)
             self.lost = None
         return True
@@ -474,14 +476,15 @@ class Tracker:
         """A small artifact from memory (replaced if it exists)."""
         if self.client is None or self.run_id is None:
             return
-        self._send(artifact_file, self.client.log_text, self.run_id, content, artifact_file)
+        send = self.client.log_text
+        self._send(artifact_file, send, self.run_id, content, artifact_file, store=False)
 
     def artifacts(self, paths: list[Path]) -> None:
         if self.client is None or self.run_id is None:
             return
         for p in paths:
             if p.exists():
-                self._send(p.name, self.client.log_artifact, self.run_id, str(p))
+                self._send(p.name, self.client.log_artifact, self.run_id, str(p), store=False)
 
     def _send_kept(self) -> None:
         """A resumed run sends what a lost store did not get before (then forgets it)."""
@@ -562,8 +565,9 @@ class Tracker:
         self.flush()
         self._stop_system_metrics()
         self._keep_unsent()
-        if self.lost is None:
-            self._send("end of run", self.client.set_terminated, self.run_id, status)
+        # tried even while the store is lost: one that has come back marks the run ended
+        # (FAILED when it stopped for the store) instead of leaving it RUNNING
+        self._send("end of run", self.client.set_terminated, self.run_id, status)
 
     # ------------------------------------------------------------ the headline, at the end
     def _headline(self) -> None:

@@ -1,5 +1,5 @@
-"""A tracking server killed mid-run, as it happens: a real `mlflow server` process, SIGKILL
-after the run's first evaluation. With `tracking.required: false` the run trains to the end
+"""A tracking store lost mid-run, as it happens: a real `mlflow server` process, SIGKILL
+after the run's first evaluation, or a SQLite store another process holds locked. With `tracking.required: false` the run trains to the end
 and keeps what the server missed; with `true` it stops at its next checkpoint saying why,
 and, started again once the server is back, resumes there and sends what it kept."""
 
@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,9 +35,9 @@ def kill(server: subprocess.Popen) -> None:
         server.wait(timeout=30)
 
 
-def train(out: Path, uri: str, required: bool, kill_after_eval: subprocess.Popen | None):
-    """A 2-node run; with `kill_after_eval`, that server is SIGKILLed once the run has
-    logged its first evaluation. Returns (exit code, stdout, stderr)."""
+def train(out: Path, uri: str, required: bool, after_first_eval: Callable[[], None] | None):
+    """A 2-node run; `after_first_eval` is called once the run has logged its first
+    evaluation (the store's fault). Returns (exit code, stdout, stderr)."""
     cmd = [sys.executable, "-m", "abtrain.launch", "--nnodes=2", "--nproc-per-node=1"]
     cmd += ["train", "--config", str(PARAMS), "--out", str(out)]
     sets = [
@@ -66,9 +67,9 @@ def train(out: Path, uri: str, required: bool, kill_after_eval: subprocess.Popen
         if line is None:
             break
         said.append(line)
-        if kill_after_eval is not None and "val loss" in line:
-            kill(kill_after_eval)
-            kill_after_eval = None
+        if after_first_eval is not None and "val loss" in line:
+            after_first_eval()
+            after_first_eval = None
     code = proc.wait(timeout=60)
     errors.seek(0)
     return code, "".join(said), errors.read()
@@ -78,7 +79,9 @@ def test_a_lost_server_does_not_stop_a_run_that_does_not_require_it(tmp_path):
     port = free_port()
     server = start_server(tmp_path, port)
     try:
-        rc, out, err = train(tmp_path / "run", f"http://127.0.0.1:{port}", False, server)
+        rc, out, err = train(
+            tmp_path / "run", f"http://127.0.0.1:{port}", False, lambda: kill(server)
+        )
     finally:
         kill(server)
     assert rc == 0, err[-3000:]
@@ -99,7 +102,7 @@ def test_a_run_that_requires_its_server_stops_at_a_checkpoint_and_resumes_when_i
     uri = f"http://127.0.0.1:{port}"
     server = start_server(tmp_path, port)
     try:
-        rc, out, err = train(tmp_path / "run", uri, True, server)
+        rc, out, err = train(tmp_path / "run", uri, True, lambda: kill(server))
     finally:
         kill(server)
     assert rc == 3  # as the README says: the store was lost, the run stopped whole
@@ -137,7 +140,7 @@ def test_the_advice_a_lost_server_gives_works_when_followed(tmp_path):
     server = start_server(tmp_path, port)
     uri = f"http://127.0.0.1:{port}"
     try:
-        rc, _, err = train(tmp_path / "run", uri, True, server)
+        rc, _, err = train(tmp_path / "run", uri, True, lambda: kill(server))
     finally:
         kill(server)
     assert rc == 3 and "tracking.required=false" in err, err[-3000:]
@@ -147,3 +150,38 @@ def test_the_advice_a_lost_server_gives_works_when_followed(tmp_path):
     assert f"resumed from step {stopped_at}" in out
     assert "resuming with other tracking.required" in out
     assert summary(tmp_path / "run")["steps"] == STEPS
+
+
+def test_a_required_sqlite_store_held_locked_stops_the_run_and_nothing_is_lost(tmp_path):
+    """Another process holds the SQLite store locked from the first evaluation on, past the
+    checkpoints: the run stops at one with exit 3 (an artifact written meanwhile does not
+    count as the store being back), every value it logged waits in the unsent file, and
+    once the lock is gone the run resumes, sends them and ends FINISHED."""
+    import sqlite3
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    holder = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None, timeout=60)
+    try:
+        rc, out, err = train(tmp_path / "run", uri, True, lambda: holder.execute("BEGIN EXCLUSIVE"))
+    finally:
+        holder.close()
+    assert rc == 3, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert "stopped at the checkpoint of step" in last and "tracking.required is true" in last
+    assert "is back" not in err, err[-3000:]
+    assert not (tmp_path / "run" / "summary.json").exists()
+    kept = (tmp_path / "run" / "mlflow_unsent.jsonl").read_text().splitlines()
+    assert any('"val_top1"' in k for k in kept)
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "RUNNING"  # the store was locked to the end: nothing said yet
+
+    rc, out, err = train(tmp_path / "run", uri, True, None)  # the lock gone
+    assert rc == 0, err[-3000:]
+    assert not (tmp_path / "run" / "mlflow_unsent.jsonl").exists()
+    run = client.get_run(run.info.run_id)
+    assert run.info.status == "FINISHED"
+    logged = {m.step for m in client.get_metric_history(run.info.run_id, "val_top1")}
+    assert logged == {e["step"] for e in summary(tmp_path / "run")["evals"]}

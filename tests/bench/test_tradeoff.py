@@ -1,6 +1,7 @@
 """The trade-off study (bench.tradeoff) in miniature, for real: both backends' searches
 under mpirun on the synthetic task, seeds on the front, points.json, the fronts, the figure,
-the verdict and MLflow's parent run; killed after its first search and continued. The
+the verdict and MLflow's parent run; a second study of its folder refused, the study killed
+outright (kill -9) inside its second search, its mpirun gone with it, and continued. The
 study itself (about 45 minutes) is not run here."""
 
 import json
@@ -8,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -33,6 +36,20 @@ def miniature(tmp_path):
     t["spaces"]["ab"]["model.init"]["values"] = ["default"]  # the MLP has no ortho-σ
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     return p
+
+
+def session(sid: int) -> dict[int, str]:
+    """The processes of session `sid` (the study and all it started): pid -> command line."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":  # fields[3]: the session id
+            out[int(stat.parent.name)] = cmd
+    return out
 
 
 def front_of(points):
@@ -70,13 +87,28 @@ def test_the_study_searches_both_backends_resumes_and_reports_fronts_from_its_fi
     said = []
     for line in first.stdout:
         said.append(line)
-        if line.startswith("[bench.tradeoff] run 2 of"):  # DDP's search finished: stop
-            os.killpg(first.pid, signal.SIGTERM)
+        if line.startswith("[bench.tradeoff] run 2 of"):  # DDP's search finished, AB's next
             break
-    first.wait(timeout=120)
     assert "the rest about" in said[0] and "ETA" in said[1]
     ddp_rows = tmp_path / "runs/tradeoff/ddp/optuna/evaluations.jsonl"
     before = ddp_rows.stat().st_mtime_ns
+    # a second study of the same folder, while the first searches: refused, nothing touched
+    while not any("mpirun" in c or "prterun" in c for c in session(first.pid).values()):
+        assert first.poll() is None, "the study ended before its second search started"
+        time.sleep(0.1)
+    second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+    assert second.stderr.count("\n") == 1 and "in use by another bench.tradeoff" in second.stderr
+    assert "nothing started" in second.stderr
+    # the study killed outright, alone (not its group): its mpirun and ranks go within seconds
+    searching = {p: c for p, c in session(first.pid).items() if "mpirun" in c or "prterun" in c}
+    assert searching, "the search had ended before the study was killed"
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    deadline = time.monotonic() + 5  # left alone, they searched on for 5 s and more
+    while (left := session(first.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"still running after the study was killed: {left}"
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "run 1 of 7: finished, read from runs/tradeoff/ddp/optuna" in again.stdout

@@ -6,8 +6,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -669,3 +671,177 @@ def test_a_damaged_record_is_named_with_its_restore_command_and_reruns_nothing(m
     assert run.returncode != 0
     assert f"{lengths} is damaged" in run.stderr and f"git checkout -- {lengths}" in run.stderr
     subprocess.run(["git", "checkout", "--", str(lengths)], cwd=repo, check=True)
+
+
+# ---------------------------------------------------------------- faults as they happen
+def outputs(repo: Path) -> dict[str, bytes]:
+    """What the stages commit: results, metrics, plots, the report and dvc.lock."""
+    found = [repo / "dvc.lock"]
+    for top in ("results", "metrics", "plots", "reports"):
+        found += [f for f in (repo / top).rglob("*") if f.is_file()]
+    return {str(f.relative_to(repo)): f.read_bytes() for f in found}
+
+
+def processes() -> dict[int, tuple[int, str]]:
+    """Every live process: pid -> (parent pid, command line)."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            out[int(stat.parent.name)] = (int(fields[1]), cmd)
+    return out
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The live processes `pid` started, and theirs (a launcher's nodes start sessions of
+    their own, so a session does not hold them all): pid -> command line."""
+    procs, found, todo = processes(), {}, [pid]
+    while todo:
+        parent = todo.pop()
+        for child, (ppid, cmd) in procs.items():
+            if ppid == parent and child not in found:
+                found[child] = cmd
+                todo.append(child)
+    return found
+
+
+def alive(pids) -> dict[int, str]:
+    procs = processes()
+    return {p: procs[p][1] for p in pids if p in procs}
+
+
+def wait_until(what, seconds: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + seconds
+    while not what():
+        assert time.monotonic() < deadline, f"not within {seconds} s"
+        assert proc is None or proc.poll() is None, "the command ended first"
+        time.sleep(0.2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        ("experiments.epochs=-1", "experiments.epochs: Input should be greater than 0"),
+        ("experiments.epochs=0.0001", "experiments.epochs=0.0001 is no whole step of run"),
+        ("+experiments.runs.ab-2x1.epoch=1", "experiments.runs.ab-2x1.epoch: unknown key"),
+    ],
+    ids=["negative", "under-a-step", "unknown-key"],
+)
+def test_a_bad_matrix_value_through_dvc_exp_run_is_refused_before_any_run_trains(mini, value, said):
+    """In one line naming the key (and the run), no committed file changed, and a second
+    line saying what `-S` left in params.yaml and how to undo it."""
+    repo, _ = mini
+    text, before = (repo / "params.yaml").read_text(), outputs(repo)
+    git(repo, "commit", "-qm", "the miniature's params", "--", "params.yaml")
+    try:
+        run = dvc(repo, "exp", "run", "-S", value)
+        left = (repo / "params.yaml").read_text()
+    finally:
+        (repo / "params.yaml").write_text(text)
+        git(repo, "reset", "-q", "HEAD~1")
+    assert run.returncode != 0
+    errors = [line for line in run.stderr.splitlines() if line.startswith("[pipeline] error:")]
+    assert len(errors) == 1 and said in errors[0], run.stderr
+    key = value.lstrip("+").split("=")[0]
+    assert f"params.yaml differs from its last commit in {key} " in run.stderr, run.stderr
+    assert "`git checkout params.yaml` undoes them" in run.stderr
+    assert left != text  # what the note says: -S left its value there
+    assert "Traceback" not in run.stdout + run.stderr and "torchrun" not in run.stdout
+    assert outputs(repo) == before
+
+
+@pytest.mark.multiprocess
+def test_dvc_killed_during_a_stage_takes_the_stage_and_its_ranks_with_it(mini, tmp_path):
+    """`kill -9` of `dvc exp run` while its train stage trains: the stage, its torchruns and
+    ranks end within seconds, and none of the stage's committed files changes (the stages
+    before it finished under DVC, and wrote theirs, as an experiment does)."""
+    repo, _ = mini
+    folder = repo / "runs" / "train" / "ddp-2x1"
+    text, before = (repo / "params.yaml").read_text(), outputs(repo)
+    shutil.copytree(folder, tmp_path / "kept")
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    value = 'experiments.set=["optim.lr=0.00077"]'  # a value the run trains with
+    cmd = [str(BIN / "dvc"), "exp", "run", "-S", value, "train@ddp-2x1"]
+    proc = subprocess.Popen(
+        cmd, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    tree: dict[int, str] = {}
+    try:
+
+        def training() -> bool:  # both ranks started (torchrun's own line names no rank)
+            tree.update(descendants(proc.pid))
+            ranks = [c for c in alive(tree).values() if "abtrain train" in c]
+            return sum("distributed.run" not in c for c in ranks) == 2
+
+        wait_until(training, 300, proc)
+        assert any("pipeline.train ddp-2x1" in c for c in tree.values())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        wait_until(lambda: not alive(tree), 30)
+    finally:
+        for pid in alive(tree):  # a failed test leaves nothing training either
+            os.kill(pid, signal.SIGKILL)
+        (repo / "params.yaml").write_text(text)
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(tmp_path / "kept", folder)
+        after = outputs(repo)
+        for path, data in before.items():  # the experiment's resolved values and lock
+            (repo / path).write_bytes(data)
+    mine = [f"{top}/ddp-2x1.json" for top in ("results", "metrics", "plots")]
+    assert [after[p] for p in mine] == [before[p] for p in mine]
+    assert {p: v for p, v in after.items() if p.startswith("reports/")} == {
+        p: v for p, v in before.items() if p.startswith("reports/")
+    }
+    status = dvc(repo, "status", "train@ddp-2x1")  # DVC's own lock let go with it
+    assert status.returncode == 0 and "changed" not in status.stdout, status.stdout
+
+
+@pytest.mark.multiprocess
+def test_a_second_retrain_of_a_run_is_refused_before_it_moves_anything(mini):
+    """While `pipeline.retrain ab-2x1` trains, a second one ends in one line and leaves the
+    first's run folder as it is; the first, stopped, takes DVC and its ranks with it."""
+    repo, _ = mini
+    folder = repo / "runs" / "train" / "ab-2x1"
+    before = outputs(repo)
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    cmd = [sys.executable, "-m", "pipeline.retrain", "ab-2x1"]
+    aside = set(folder.parent.glob("ab-2x1.moved-*"))
+    first = subprocess.Popen(
+        cmd, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    tree: dict[int, str] = {}
+    try:
+
+        def training() -> bool:  # its folder moved aside, and a new one started
+            tree.update(descendants(first.pid))
+            moved = set(folder.parent.glob("ab-2x1.moved-*")) - aside
+            return bool(moved) and (folder / "config.json").exists()
+
+        wait_until(training, 300, first)
+        second = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and second.stdout == "", second.stdout
+        assert second.stderr.count("\n") == 1, second.stderr
+        assert "ab-2x1 is being trained again already" in second.stderr
+        assert "nothing moved" in second.stderr
+        assert (folder / "config.json").exists()
+        assert len(set(folder.parent.glob("ab-2x1.moved-*")) - aside) == 1
+        tree.update(descendants(first.pid))
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)
+        wait_until(lambda: not alive(tree), 30)
+    finally:
+        for pid in alive(tree):
+            os.kill(pid, signal.SIGKILL)
+        moved = sorted(set(folder.parent.glob("ab-2x1.moved-*")) - aside)
+        if moved:
+            shutil.rmtree(folder, ignore_errors=True)
+            os.rename(moved[0], folder)
+        for path, data in before.items():  # what the first wrote before it was stopped
+            (repo / path).write_bytes(data)
