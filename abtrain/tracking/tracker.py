@@ -560,14 +560,20 @@ class Tracker:
     def finish(self, status: str) -> None:
         if self.client is None or self.run_id is None:
             return
+        if self.must_stop:  # stopped for the store, which its last try found gone: no
+            # more tries, each may hang (a locked SQLite file: 20 s) while the other ranks
+            # have stopped; the run stays RUNNING in the store until it is resumed. The
+            # system metrics' thread (a daemon) is left to end with the process.
+            self._monitor = None
+            self._keep_unsent()
+            return
         if status == "FINISHED":
             self._headline()
         self.flush()
         self._stop_system_metrics()
         self._keep_unsent()
-        # tried even while the store is lost: one that has come back marks the run ended
-        # (FAILED when it stopped for the store) instead of leaving it RUNNING
-        self._send("end of run", self.client.set_terminated, self.run_id, status)
+        if self.lost is None:
+            self._send("end of run", self.client.set_terminated, self.run_id, status)
 
     # ------------------------------------------------------------ the headline, at the end
     def _headline(self) -> None:
