@@ -20,6 +20,17 @@ from abtrain.config import ConfigError, load, one_line
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command; a reader that closes the pipe early (`abtrain check | head -1`) ends it
+    quietly, as `head` meant, instead of with a BrokenPipeError traceback."""
+    try:
+        return command(argv)
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null first
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def command(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "compare":
         return compare.run(args.runs)
@@ -45,12 +56,20 @@ def main(argv: list[str] | None = None) -> int:
         check_batch(cfg, launch.world_size)
         refuse_model(cfg)  # before any process group exists
     except ConfigError as err:
-        print(f"error: {one_line(err)}", file=sys.stderr)
+        print(f"error: {in_use(one_line(err), args.config)}", file=sys.stderr)
         return 2
-    return _train(cfg, args.out, launch)
+    return _train(cfg, args.out, launch, args.config)
 
 
-def _train(cfg, out: str, launch) -> int:
+def in_use(message: str, config: str) -> str:
+    """A hint to run a command with `--config FILE` (written where the file is not known)
+    names the file this command read."""
+    return message.replace("--config FILE", f"--config {config}").replace(
+        "--config ...", f"--config {config}"
+    )
+
+
+def _train(cfg, out: str, launch, config: str) -> int:
     import torch.distributed as dist
 
     from abtrain.run.trainer import StopForRequeue, Trainer
@@ -70,7 +89,8 @@ def _train(cfg, out: str, launch) -> int:
         # Name this rank: with several ranks failing together, the first line tells which
         # one saw what (a peer that died shows up as a closed connection or a timeout).
         print(
-            f"[abtrain] rank {launch.rank} (node {launch.node}) failed: {type(err).__name__}: {err}",
+            f"[abtrain] rank {launch.rank} (node {launch.node}) failed: {type(err).__name__}: "
+            f"{in_use(str(err), config)}",
             file=sys.stderr,
             flush=True,
         )

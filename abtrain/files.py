@@ -135,7 +135,8 @@ def read_record(
     except UnicodeDecodeError:
         raise damaged(path, "not UTF-8 text", remake) from None
     except json.JSONDecodeError as err:
-        what = "empty" if not data.strip() else f"not whole JSON: {err.msg} at line {err.lineno}"
+        where = f"line {err.lineno}, column {err.colno}"  # err.msg may end in "at"
+        what = "empty" if not data.strip() else f"not whole JSON: {err.msg} ({where})"
         raise damaged(path, what, remake) from None
     if not isinstance(record, shape):
         want = "an object" if shape is dict else f"a {shape.__name__}"

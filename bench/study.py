@@ -244,7 +244,10 @@ def train(study: Study, runs: list[Run], found: list[str | None]) -> None:
             f"run {k} of {n}: {run.name}; elapsed {duration(trained)}, "
             f"ETA {eta(trained, done, left)}"
         )
-        trained += launch(run)
+        try:
+            trained += launch(run)
+        except ConfigError as err:  # a value this run refuses: which run, not only which key
+            raise ConfigError(f"run {k} of {n} ({run.name}): {err}") from None
         done.append(run.seconds)
     study.say(f"trained for {duration(time.monotonic() - started)}")
 

@@ -60,9 +60,36 @@ def run_mpirun(ranks: int, args: list[str]) -> int:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     # mpirun goes when its parent goes, by any signal (SIGTERM: it stops its ranks), and
     # holds what the parent holds (a study's lock, `abtrain.files.hold`) until it is gone
-    return subprocess.run(
+    proc = subprocess.Popen(
         cmd, env=env, close_fds=False, preexec_fn=lambda: die_with_parent(signal.SIGTERM)
-    ).returncode
+    )
+    got: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        got.append(signum)
+        proc.send_signal(signal.SIGTERM)  # mpirun stops its ranks
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if got:
+        print(stopped_line(signal.Signals(got[0]).name, args), file=sys.stderr, flush=True)
+        return 128 + got[0]
+    return code
+
+
+def stopped_line(signal_name: str, args: list[str]) -> str:
+    """The last line of a search stopped from outside: how far it got and how to go on (the
+    ranks' own last words are lost: mpirun stops forwarding their output as it stops)."""
+    out = Path(args[args.index("--out") + 1])
+    try:
+        done = f"{len(record.evaluations(out))} evaluations, kept in {out}"
+    except (OSError, record.SearchError):
+        done = f"its evaluations kept in {out}"
+    return f"[search] stopped by {signal_name} after {done}: the same command continues it"
 
 
 def publish(out: Path, dest: Path) -> None:

@@ -49,11 +49,22 @@ _BAD_IMAGE = (
 )
 
 
+def unreadable(where: str, blob: bytes, err: Exception) -> DataError:
+    """A file that is no whole image, named with what it holds (PIL's own message names
+    the in-memory buffer it read, `<_io.BytesIO object at 0x...>`)."""
+    if not blob:
+        return DataError(f"{where}: unreadable image (an empty file, 0 bytes)")
+    why = str(err)
+    if isinstance(err, UnidentifiedImageError) or "BytesIO" in why:
+        why = f"not an image format PIL reads, {len(blob)} bytes"
+    return DataError(f"{where}: unreadable image ({why})")
+
+
 def _decode(blob: bytes, where: str, size: int) -> Tensor:
     try:
         img = Image.open(io.BytesIO(blob)).convert("RGB")
     except _BAD_IMAGE as err:
-        raise DataError(f"{where}: unreadable image ({err})") from None
+        raise unreadable(where, blob, err) from None
     if img.size != (size, size):
         img = img.resize((size, size), Image.BILINEAR)
     return torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(size, size, 3)
@@ -467,7 +478,7 @@ def _verify_and_index(
                 img.draft("RGB", (size, size))  # a JPEG decodes scaled down, every byte read
                 img.load()
         except _BAD_IMAGE as err:
-            raise DataError(f"{where}: unreadable image ({err})") from None
+            raise unreadable(where, blob, err) from None
         if tree.archive:
             dest = files_dir / m
             # _check_member refused every name that leaves the folder; this holds the line

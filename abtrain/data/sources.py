@@ -258,7 +258,15 @@ class _Tree:
             raise DataError(f"{source}: no train/<class>/ and val/<class>/ (or test/) folders")
         train_classes = sorted(self.splits["train"])
         if sorted(self.splits["val"]) != train_classes:
-            raise DataError(f"{source}: train and val hold different class folders")
+            train, val = set(train_classes), set(self.splits["val"])
+            lacking = [
+                f"{split}/ has no {', '.join(sorted(missing))}"
+                for split, missing in (("val (or test)", train - val), ("train", val - train))
+                if missing
+            ]
+            raise DataError(
+                f"{source}: train and val hold different class folders: {'; '.join(lacking)}"
+            )
         for split, by_class in self.splits.items():
             for cls, files in by_class.items():
                 if not any(Path(f).suffix.lower() in IMAGE_SUFFIXES for f in files):

@@ -226,3 +226,26 @@ def test_schedule_keys_as_fractions_of_steps_resolve_to_steps_with_the_matrixs_r
     for bad in ("1.5", "-0.2"):
         with pytest.raises(c.ConfigError, match=r"ab\.warmup_steps: .* neither a number of steps"):
             c.load(PARAMS, [f"ab.warmup_steps={bad}"])
+
+
+def test_check_read_by_head_ends_quietly():
+    """`abtrain check ... | head -1`: head closes the pipe after one line; the command ends
+    with 141 (SIGPIPE's code, as `yes | head` does), not a BrokenPipeError traceback."""
+    resnet = "model={name: timm, arch: resnet50}"  # --layers: more than one pipe buffer
+    line = f"{sys.executable} -m abtrain check --config params.yaml --layers --set '{resnet}'"
+    run = subprocess.run(
+        ["bash", "-c", f"{line} | head -1; exit ${{PIPESTATUS[0]}}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.stdout == "params.yaml: valid (ab, 2 ranks)\n", run.stdout
+    assert run.returncode == 141 and run.stderr == "", run.stderr
+
+
+def test_a_hint_to_prepare_names_the_config_file_in_use(tmp_path):
+    (tmp_path / "mine.yaml").write_text(PARAMS.read_text())
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "meta.json").write_text("{")  # a prepared folder that is not whole
+    config = str(tmp_path / "mine.yaml")
+    run = cli("check", "--config", config, *sets(f"data.prepared={tmp_path / 'p'}"))
+    assert run.returncode == 2
+    assert f"python -m abtrain prepare --config {config} " in run.stderr, run.stderr

@@ -12,6 +12,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from shutil import rmtree
 
 import numpy as np
 import pytest
@@ -200,6 +201,21 @@ def bad_png(path: Path):
         (
             lambda root: (write_tree(root), bad_png(root / "train" / "cat" / "0.png")),
             "train/cat/0.png: unreadable image",
+        ),
+        (  # as a copy cut short leaves it; not PIL's `<_io.BytesIO object at 0x...>`
+            lambda root: (write_tree(root), (root / "val" / "dog" / "1.png").write_bytes(b"")),
+            r"val/dog/1.png: unreadable image \(an empty file, 0 bytes\)$",
+        ),
+        (
+            lambda root: (write_tree(root), (root / "train" / "cat" / "2.png").write_text("hi")),
+            r"train/cat/2.png: unreadable image \(not an image format PIL reads, 2 bytes\)$",
+        ),
+        (  # the class the split lacks, by name
+            lambda root: (
+                write_tree(root, classes=("cat", "dog", "owl")),
+                rmtree(root / "val/owl"),
+            ),
+            r"train and val hold different class folders: val \(or test\)/ has no owl$",
         ),
     ],
 )
@@ -859,3 +875,14 @@ def test_a_killed_prepare_after_an_up_to_date_one_leaves_nothing(tmp_path):
     assert len(list(tmp_path.glob(".p.tmp*"))) == 1
     assert prepare.prepare(cfg)["config"] == prepare.fingerprint(cfg)  # up to date
     assert list(tmp_path.glob(".p.*")) == []
+
+
+def test_a_record_cut_short_names_the_line_and_column(tmp_path):
+    from abtrain.files import RecordError, read_record
+
+    (tmp_path / "r.json").write_text('{"a": "cut')
+    with pytest.raises(RecordError) as err:
+        read_record(tmp_path / "r.json")
+    said = str(err.value)
+    assert "(not whole JSON: Unterminated string starting at (line 1, column 7))" in said, said
+    assert "at at" not in said

@@ -5,6 +5,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -382,3 +383,36 @@ def test_propulates_tradeoff_number_is_the_error_within_the_budget_and_grows_ove
     assert tradeoff_loss(run([0.0], 201.0), 200.0) > tradeoff_loss(run([99.0], 200.0), 200.0)
     failed = Outcome(100.0, "crashed", [], "boom")
     assert tradeoff_loss(failed, 200.0) == 100.0
+
+
+@pytest.mark.multiprocess
+def test_a_search_stopped_by_sigterm_says_so_last_and_how_to_go_on(tmp_path):
+    """SIGTERM to the process that runs the search under mpirun (the search stage, a
+    study), as `kill` or a scheduler's end of job sends it, once an evaluation is on disk:
+    the last line says that the search stopped, after how many evaluations, and how to go on
+    (mpirun drops what its ranks say as it stops)."""
+    out = tmp_path / "s"
+    args = search_cmd(out, tmp_path / "m.db", "propulate", 8, n=2)
+    args = args[args.index("search") + 1 :]  # what follows `python -m mpi4py -m search`
+    code = f"import sys; from pipeline.search import run_mpirun; sys.exit(run_mpirun(2, {args!r}))"
+    errors = (tmp_path / "stderr").open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=errors
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while len(record.evaluations(out)) < 1:
+            assert proc.poll() is None and time.monotonic() < deadline, "no evaluation in time"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    errors.seek(0)
+    lines = [line for line in errors.read().splitlines() if line.strip()]
+    done = len(record.evaluations(out))
+    assert lines[-1] == (
+        f"[search] stopped by SIGTERM after {done} evaluations, kept in {out}: the same "
+        "command continues it"
+    ), lines[-3:]
