@@ -84,6 +84,9 @@ def stage(main: Callable[..., int], *args: str, who: str = "pipeline") -> int:
     except KeyboardInterrupt:
         print(f"[{who}] stopped (Ctrl-C); nothing of this stage was recorded", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # its reader stopped reading (`| head`): end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (abconfig.ConfigError, space.SpaceError, RecordError) as err:
         print(f"[{who}] error: {one_line(err)}", file=sys.stderr, flush=True)
         if note := params_left(str(err)):

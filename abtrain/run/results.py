@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,41 @@ def summarize(
         time=run.time_summary(),
         wall_seconds=run.elapsed,
         evals=run.evals,
+        machine=machine(),
     )
+
+
+def machine() -> dict[str, Any]:
+    """What a run's figures depend on beyond its config and data: torch and its MKL, the CPU
+    kernels torch dispatches to (and whether they were forced), its threads, the CPU.
+
+    Training is deterministic on one machine; an SVD or a QR (AB's factorisation,
+    PowerSGD's) sums in another order on another CPU's kernels, so the last digits of a
+    top-1 may move there while bytes and compression do not (docs/reproduce.md)."""
+    import platform
+    import re
+
+    mkl = re.search(r"Math Kernel Library Version ([0-9.]+)", torch.__config__.show())
+    cpu = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        cpu = platform.processor() or None
+    return dict(
+        torch=torch.__version__,
+        mkl=mkl.group(1) if mkl else None,
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        forced={k: os.environ[k] for k in FORCING if k in os.environ},
+        threads=torch.get_num_threads(),
+        cpu=cpu,
+    )
+
+
+# the settings that force other kernels than the CPU's best (torch's, MKL's)
+FORCING = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE")
 
 
 def plain_model(

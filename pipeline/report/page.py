@@ -51,6 +51,7 @@ def assemble(made: PageInputs) -> str:
     study = matching_study(studies, acc, p)
     md = [
         *opening(p),
+        *machines(made.done),
         *verdict_section(p, acc, t1, made.paper, studies, made.glance),
         *naming(p),
         *terms(),
@@ -81,6 +82,36 @@ def opening(p: dict[str, Any]) -> list[str]:
         f"{', '.join(f'`{k}`' for k in s.get('use_best', [])) or 'no value'} from the "
         f"`{s['backend']}` search's "
         f"best (`results/search/{s['backend']}/best.json`). Do not edit: rerun the pipeline.",
+        "",
+    ]
+
+
+def machines(done: dict[str, dict]) -> list[str]:
+    """Where the runs were trained, from each summary's `machine` record: the top-1s are exact
+    only on a machine of the same record (docs/reproduce.md); bytes and compression on any."""
+    seen: dict[str, list[str]] = {}
+    for name, result in done.items():
+        m = result.get("machine")
+        what = (
+            f"{m['cpu']}, torch {m['torch']}, MKL {m['mkl']}, {m['cpu_capability']} kernels"
+            f"{' (forced: ' + ', '.join(f'{k}={v}' for k, v in m['forced'].items()) + ')' if m['forced'] else ''}"
+            f", {m['threads']} thread{'s' if m['threads'] != 1 else ''} a rank"
+            if m
+            else "a machine its record does not name (trained before summaries recorded one)"
+        )
+        seen.setdefault(what, []).append(name)
+    if not seen:
+        return []
+    said = "; ".join(
+        f"{what}{'' if len(seen) == 1 else ' (' + ', '.join(names) + ')'}"
+        for what, names in seen.items()
+    )
+    return [
+        f"Trained on {said}. Bytes and compression come back exactly on any machine; a top-1 "
+        "exactly only on a machine of the same record: elsewhere an SVD or a QR (AB's, "
+        "PowerSGD's) sums in another order and may move it a little. `python -m "
+        "pipeline.reproduce` compares a new run of the pipeline with these figures and says "
+        "which ([docs/reproduce.md](../docs/reproduce.md)).",
         "",
     ]
 
