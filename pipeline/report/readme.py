@@ -68,7 +68,9 @@ def headline(
             f"{gap['max']:+.2f} points (sd {gap['std']:.2f}) and a bytes ratio of "
             f"{ratio['min']:.3f} to {ratio['max']:.3f}. The runs train from the committed "
             f"record of one search (`results/search/{p['search']['backend']}/`), so a fresh "
-            "clone's `dvc repro` gives these tables back exactly; "
+            "clone's `dvc repro` gives back every byte count and compression exactly, and "
+            "every top-1 exactly on a machine like the one that made them (elsewhere within "
+            "the tolerance `python -m pipeline.reproduce` states, docs/reproduce.md); "
             f"`dvc repro --force --downstream search@{p['search']['backend']}` reruns it."
         )
     glance = REPORTS / "figures" / "verdict.png"  # figures.verdict_figure, drawn before this

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT
+
+pytestmark = pytest.mark.pipeline  # the pipeline's own command, in a clone
 
 
 def git(repo: Path, *args: str) -> None:
