@@ -169,7 +169,7 @@ def conduct(study: Study, a: argparse.Namespace) -> int:
         estimate(study, runs, found, listed=a.dry_run)
         if a.dry_run:
             return 0
-        lock = occupy(study, study.runs_dir)  # every study's own option (--runs-dir)
+        lock = occupy(study, a.runs_dir)  # every study's option (`options`: --runs-dir)
         try:
             if not a.report_only:
                 train(study, runs, found)

@@ -69,7 +69,7 @@ class Toy(study.Study):
         return f"# Toy\n\n**{data['verdict']}**\n"
 
 
-def args(**kw: bool) -> argparse.Namespace:
+def args(**kw: Any) -> argparse.Namespace:
     return argparse.Namespace(**{"render": False, "dry_run": False, "report_only": False, **kw})
 
 
@@ -87,7 +87,7 @@ def test_a_killed_study_continues_without_training_its_finished_runs_again(tmp_p
 
     toy = Toy(tmp_path / "out", "python -m toy", tmp_path / "runs", launch)
     with pytest.raises(KeyboardInterrupt):
-        study.conduct(toy, args())
+        study.conduct(toy, args(runs_dir=toy.runs_dir))
     # the estimate came before the first run started, then each run's line with its ETA
     assert said[0].splitlines() == [
         "[bench.toy] 3 runs (0 finished); the rest about 30 s on this machine (ten seconds a run)",
@@ -96,7 +96,7 @@ def test_a_killed_study_continues_without_training_its_finished_runs_again(tmp_p
     assert said[1].startswith("[bench.toy] run 2 of 3: run 1; elapsed 0 s, ETA ")
     assert not (tmp_path / "out").exists()
 
-    assert study.conduct(toy, args()) == 0
+    assert study.conduct(toy, args(runs_dir=toy.runs_dir)) == 0
     assert trained == ["run 0", "run 1 killed", "run 1", "run 2"]  # run 0 not again
     out = said[2] + capsys.readouterr().out
     assert "[bench.toy] 3 runs (1 finished); the rest about 20 s" in out
