@@ -48,7 +48,12 @@ def test_the_compare_command_allows_what_another_machine_moves_and_nothing_else(
 
         return change
 
-    edit(results / "ab-2x2.json", moved(0.05))  # what another CPU's kernels did
+    def elsewhere(r):  # what another CPU's kernels did, on a machine of another record
+        moved(0.05)(r)
+        r["machine"] = dict(torch="2.14.1", mkl="2024.2", cpu_capability="AVX2", forced={},
+                            threads=1, cpu="another CPU")  # fmt: skip
+
+    edit(results / "ab-2x2.json", elsewhere)
     run = reproduce(repo)
     assert run.returncode == 0, run.stderr
     assert "ab-2x2" in run.stdout and "(+0.05)  another machine" in run.stdout
