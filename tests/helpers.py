@@ -10,6 +10,7 @@ import queue as queues
 import subprocess
 import sys
 import tempfile
+import typing
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,24 @@ def require_marks(need: set[str], what: str) -> None:
             f"@pytest.mark.{' and @pytest.mark.'.join(missing)} (or a module's "
             "pytestmark), else it runs in the fast tier (markers: pyproject.toml)"
         )
+
+
+class Proc(typing.NamedTuple):
+    parent: int
+    session: int
+    command: str
+
+
+def processes() -> dict[int, Proc]:
+    """Every live process (zombies aside): pid -> its parent, session and command line, for
+    the tests that kill a parent and look for what it started."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command's name
+            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            out[int(stat.parent.name)] = Proc(int(fields[1]), int(fields[3]), cmd)
+    return out

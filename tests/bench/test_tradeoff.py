@@ -10,14 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
 from abtrain.config import apply_overrides, read_yaml
 from bench.tradeoff.page import verdict
-from tests.helpers import PARAMS, ROOT, TINY
+from tests.helpers import PARAMS, ROOT, TINY, processes
 
 
 def miniature(tmp_path):
@@ -40,16 +39,7 @@ def miniature(tmp_path):
 
 def session(sid: int) -> dict[int, str]:
     """The processes of session `sid` (the study and all it started): pid -> command line."""
-    out = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":  # fields[3]: the session id
-            out[int(stat.parent.name)] = cmd
-    return out
+    return {pid: p.command for pid, p in processes().items() if p.session == sid}
 
 
 def front_of(points):
