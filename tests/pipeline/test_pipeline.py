@@ -767,7 +767,9 @@ def test_dvc_killed_during_a_stage_takes_the_stage_and_its_ranks_with_it(mini, t
     text, before = (repo / "params.yaml").read_text(), outputs(repo)
     shutil.copytree(folder, tmp_path / "kept")
     value = 'experiments.set=["optim.lr=0.00077"]'  # a value the run trains with
-    cmd = [str(BIN / "dvc"), "exp", "run", "-S", value, "train@ddp-2x1"]
+    # 300 epochs of 6 steps: the run still trains when the kill comes, on a loaded machine too
+    longer = "experiments.epochs=300"
+    cmd = [str(BIN / "dvc"), "exp", "run", "-S", value, "-S", longer, "train@ddp-2x1"]
     proc = in_background(cmd, repo)
     tree: dict[int, str] = {}
     try:
