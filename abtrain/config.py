@@ -30,7 +30,9 @@ from pydantic import (
 from abtrain.errors import ConfigError
 from abtrain.modelspec import check_timm_arch, split_spec
 
-Method = Literal["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd", "ab_powersgd"]
+Method = Literal[
+    "ddp", "ab", "ab_nogroups", "ab_individual", "powersgd", "ab_powersgd", "localsgd", "diloco"
+]
 AB_METHODS = ("ab", "ab_nogroups", "ab_individual", "ab_powersgd")  # for validation here
 BASELINE: Method = "ddp"  # what every other method is compared with
 
@@ -256,6 +258,24 @@ class PowerSGDConfig(_Section):
     warm_start: bool
 
 
+class LocalSGDConfig(_Section):
+    """Post-local SGD: DDP over the world for `warmup_steps`, then DDP inside each node with
+    the parameters averaged across nodes every `period` steps."""
+
+    warmup_steps: int = Field(ge=0)
+    period: int = Field(gt=0)
+
+
+class DiLoCoConfig(_Section):
+    """DiLoCo (Douillard et al. 2023): the run's optimizer inside each node, and every
+    `period` steps an outer SGD step with Nesterov momentum on the averaged pseudo-gradient."""
+
+    warmup_steps: int = Field(ge=0)
+    period: int = Field(gt=0)
+    outer_lr: float = Field(gt=0)
+    outer_momentum: float = Field(ge=0, lt=1)
+
+
 class DistConfig(_Section):
     backend: Literal["auto", "gloo", "nccl"]
     timeout_s: int = Field(gt=0)
@@ -286,8 +306,17 @@ SCHEDULE_KEYS = (
     ("ab", "ab_steps"),
     ("ab", "rebound_steps"),
     ("ab", "lr_rebound_steps"),
+    ("localsgd", "warmup_steps"),
+    ("localsgd", "period"),
+    ("diloco", "warmup_steps"),
+    ("diloco", "period"),
 )
-STEP_FLOORS = {("ab", "ab_steps"): 1, ("ab", "rebound_steps"): 1}  # a phase of 0 steps: none
+STEP_FLOORS = {
+    ("ab", "ab_steps"): 1,
+    ("ab", "rebound_steps"): 1,
+    ("localsgd", "period"): 1,
+    ("diloco", "period"): 1,
+}  # a phase of 0 steps: none
 
 
 def to_steps(fraction: float, steps: int, *, floor: int) -> int:
@@ -334,6 +363,8 @@ class MethodConfig(_Section):
     steps: int = Field(gt=0)
     ab: ABConfig
     powersgd: PowerSGDConfig
+    localsgd: LocalSGDConfig
+    diloco: DiLoCoConfig
     dist: DistConfig
 
     def __init__(self, **data: Any) -> None:
@@ -349,6 +380,12 @@ class MethodConfig(_Section):
         ab_method = self.method in AB_METHODS
         if ab_method and self.ab.warmup_steps >= self.steps:
             raise ValueError("ab.warmup_steps must be smaller than steps, or no AB phase runs")
+        local = getattr(self, self.method, None)
+        if isinstance(local, LocalSGDConfig | DiLoCoConfig) and local.warmup_steps >= self.steps:
+            raise ValueError(
+                f"{self.method}.warmup_steps must be smaller than steps, or the nodes never "
+                "train on their own"
+            )
         if not self.ab.split_sigma and ab_method and self.method != "ab_nogroups":
             raise ValueError(
                 f"ab.split_sigma=false needs every rank to train the same factor "
@@ -533,6 +570,12 @@ def read_mapping(path: Path, section: str = "train") -> dict[str, Any]:
 # Settings that change no number a run trains: where it reports (MLflow), how long a peer
 # may take, how many checkpoints stay on disk. A run may resume with other values of them.
 NOT_TRAINING = ("tracking", "dist.timeout_s", "keep_checkpoints")
+LOCAL_SECTIONS = ("localsgd", "diloco")  # each read by its own method alone
+
+
+def unread_sections(method: str) -> list[str]:
+    """The sections of local SGD and DiLoCo that `method` never reads."""
+    return [section for section in LOCAL_SECTIONS if section != method]
 
 
 def training_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -120,11 +120,15 @@ def stage_line(p: dict, backend: str) -> str:
 def search_inputs(p: dict[str, Any]) -> set[str]:
     """The keys of `train` whose values the search's runs read: all but those search.train or
     the space set, and those that change no number."""
-    set_by = {o.partition("=")[0].strip() for o in p["search"]["train"]} | set(p["search"]["space"])
+    given = dict(o.partition("=")[::2] for o in p["search"]["train"])
+    set_by = {k.strip() for k in given} | set(p["search"]["space"])
+    # the sections of local SGD and DiLoCo are read by their own method only
+    method = str(given.get("method", p["train"]["method"])).strip()
+    unread = [] if "method" in p["search"]["space"] else abconfig.unread_sections(method)
     return {
         k
         for k in leaves(p["train"])
-        if not covered(k, set_by) and not covered(k, abconfig.NOT_TRAINING)
+        if not covered(k, set_by) and not covered(k, [*abconfig.NOT_TRAINING, *unread])
     }
 
 

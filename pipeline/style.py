@@ -19,7 +19,16 @@ from typing import Any
 
 from abtrain.files import atomic_write_bytes
 
-METHODS = ("ddp", "ab", "ab_nogroups", "ab_individual", "powersgd", "ab_powersgd")
+METHODS = (
+    "ddp",
+    "ab",
+    "ab_nogroups",
+    "ab_individual",
+    "powersgd",
+    "ab_powersgd",
+    "localsgd",
+    "diloco",
+)
 # Vega-Lite's default scheme (tableau10), as the report's figures had it; ab_individual
 # takes purple rather than the scheme's yellow, which is hard to see on white
 COLOURS = {
@@ -29,6 +38,8 @@ COLOURS = {
     "ab_individual": "#b279a2",
     "powersgd": "#54a24b",
     "ab_powersgd": "#e45756",
+    "localsgd": "#9d755d",
+    "diloco": "#ff9da7",
 }
 MARKERS = {  # matplotlib's marker codes
     "ddp": "o",
@@ -37,6 +48,8 @@ MARKERS = {  # matplotlib's marker codes
     "ab_individual": "v",
     "powersgd": "^",
     "ab_powersgd": "P",
+    "localsgd": ">",
+    "diloco": "<",
 }
 SIZES = {  # marker size in points: powersgd's triangle shows around ab_powersgd's cross
     "ddp": 7.0,
@@ -45,6 +58,8 @@ SIZES = {  # marker size in points: powersgd's triangle shows around ab_powersgd
     "ab_individual": 6.5,
     "powersgd": 8.5,
     "ab_powersgd": 6.5,
+    "localsgd": 7.0,
+    "diloco": 7.0,
 }
 VEGA_SHAPES = {  # the same shapes in Vega's names
     "o": "circle",
@@ -53,6 +68,8 @@ VEGA_SHAPES = {  # the same shapes in Vega's names
     "v": "triangle-down",
     "^": "triangle-up",
     "P": "cross",
+    ">": "triangle-right",
+    "<": "triangle-left",
 }
 OTHER = dict(color="#7f7f7f", marker="*", ms=8.0)  # a method this palette does not know
 SALT = "abtrain"  # matplotlib's SVG ids: fixed, not random per process

@@ -16,7 +16,7 @@ from pathlib import Path
 from abtrain.commands import localrun
 from abtrain.commands.cli import PLAN_ASSUMES
 from abtrain.commands.preflight import data_classes
-from abtrain.config import BASELINE, ConfigError, Method, load, training_diff
+from abtrain.config import BASELINE, ConfigError, Method, load, training_diff, unread_sections
 from abtrain.predict.timing import (
     MODEL_ERROR,
     Compute,
@@ -123,12 +123,14 @@ def run(args) -> int:
                 c = load(args.config, [*base, *args.overrides, f"method={m}", *own])
                 check_world(c, args.nodes * args.ranks_per_node, args.ranks_per_node)
                 cfgs[m] = c
-                if given and given.target_top1 is not None:
+                # (what it changed of the file's runs: of the methods the file has run)
+                if given and given.target_top1 is not None and m in given.seconds:
                     ran = load(args.config, [*base, f"method={m}", *own])
                     old, new = ran.dump(), c.dump()
                     changed |= {
                         f"{k}={value_at(new, k)} (the runs': {value_at(old, k)})"
                         for k in training_diff(old, new)
+                        if k.split(".")[0] not in unread_sections(m)
                     }
             except ConfigError as err:
                 skipped[m] = str(err).splitlines()[-1].strip()

@@ -43,6 +43,7 @@ PHASES = (
     "warmup",
     "ab",
     "rebound",
+    "local",
     "done",
     "sync",
     "factorize",

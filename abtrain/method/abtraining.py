@@ -17,8 +17,11 @@ scheduler in `rebound(scheduler)`. During an AB phase the replicas differ (each 
 its own factor): an evaluation there scores this rank's replica. `finish()` ends merged and full rank;
 `full_rank_model()` gives the model back with its own Linear/Conv2d layers. Every
 collective is counted in `ledger` (bytes within and across nodes, by phase). DDP, PowerSGD
-and the AB variants are this same object, the first two with one full-rank phase; abtrain's
-`Trainer` is a loop over it.
+and the AB variants are this same object, the first two with one full-rank phase; so are
+local SGD and DiLoCo (`method="localsgd"`, `"diloco"`), whose local phases train the full
+model inside each node and end in an average across nodes (DiLoCo's an outer Nesterov step,
+`abtrain.method.outer`), with no factorisation and no LR rebound. abtrain's `Trainer` is a
+loop over it.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from abtrain.config import ConfigError, MethodConfig
 from abtrain.distributed import batchnorm, groups, ledger, process
-from abtrain.method import guidelines, lowrank, methods, schedule, sync
+from abtrain.method import guidelines, lowrank, methods, outer, schedule, sync
 from abtrain.method.rebound import ReboundLR
 from abtrain.method.schedule import Phase
 
@@ -133,14 +136,19 @@ class ABTraining:
                     f"every weight layer is kept full rank: {lowrank.why_kept(self.survey)}"
                 )
             model.to(self.device)
+        if self.method.low_rank or self.method.local:
             roles = self.method.group_roles(self.world, group_size)
-            self.groups = groups.build(
-                self.rank, roles, cfg.ab.sync_mode == "only_learned", nodes, pgs
-            )
+            learners = self.method.low_rank and cfg.ab.sync_mode == "only_learned"
+            self.groups = groups.build(self.rank, roles, learners, nodes, pgs)
+        if self.method.low_rank:
             _add_factors(optimizer, self.layers)
+        self.outer: outer.OuterStep | None = None  # DiLoCo's outer weights and momentum
+        if cfg.method == "diloco":
+            self.outer = outer.OuterStep(model, cfg.diloco.outer_lr, cfg.diloco.outer_momentum)
         self.phase: Phase | None = None  # the representation the model is in now
         self.step: int | None = None  # the last step `module` was asked for
         self.factorizations: list[dict[str, Any]] = []  # step, compression_ratio, ranks
+        self.split = False  # a grouped phase has begun: each group keeps its own state
         self.ddp: DistributedDataParallel | None = None
         self.fresh = True  # no wrap yet: the first one gives every rank rank 0's state
         self.loaded = False  # a state loaded: the first step may be any
@@ -232,13 +240,13 @@ class ABTraining:
     @property
     def role(self) -> str | None:
         """The factor this rank trains in AB phases ('a' or 'b'; None without them)."""
-        return self.groups.role if self.groups else None
+        return self.groups.role if self.groups and self.method.low_rank else None
 
     def replica_group(self) -> dist.ProcessGroup | None:
         """The ranks holding one replica of the model and its optimizer state: the world
-        until the first factorisation, then this rank's A/B group (its factors' moments
-        are its own). Their first rank alone need save that state."""
-        return self.groups.group if self.factorizations else None
+        until the first AB or local phase, then this rank's group (its factors' moments, a
+        node's inner moments, are its own). Their first rank alone need save that state."""
+        return self.groups.group if self.split else None
 
     def traffic(self, exact: bool = False) -> dict[str, Any]:
         """Bytes each rank sent so far (mean over ranks): total, inter-node, intra-node,
@@ -251,10 +259,12 @@ class ABTraining:
         self.ledger.flush()
         return self.ledger.totals(self.world)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, outer: bool = True) -> dict[str, Any]:
         """What a checkpoint needs besides the model's and the optimizer's state dicts: the
-        phase, the factorisations, the factors' shapes and the ledger's totals. Every rank
-        together (the ledger is summed over the ranks first).
+        phase, the factorisations, the factors' shapes, the ledger's totals and DiLoCo's
+        outer weights and momentum (the same on every rank: `outer=False` leaves them to a
+        checkpoint that keeps one copy, `self.outer.state_dict()`). Every rank together
+        (the ledger is summed over the ranks first).
 
         Taking it also makes the next step wrap DDP anew, as a run resumed from it will:
         the same gradient buckets, so the resumed run is bit for bit the uninterrupted
@@ -268,6 +278,8 @@ class ABTraining:
             factorizations=self.factorizations,
             shapes={n: [list(m.a.shape), list(m.b.shape)] for n, m in self.layers.items()},
             ledger=self.ledger.state(),
+            split=self.split,
+            outer=self.outer.state_dict() if self.outer and outer else None,
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -276,6 +288,9 @@ class ABTraining:
         self.phase = Phase(**state["phase"]) if state["phase"] else None
         self.step = state.get("step")  # None in checkpoints from before it was kept
         self.factorizations = state["factorizations"]
+        self.split = state.get("split", bool(self.factorizations))  # older: AB's only
+        if self.outer is not None and state.get("outer") is not None:
+            self.outer.load_state_dict(state["outer"])
         for name, layer in self.layers.items():
             a, b = state["shapes"][name]
             layer.a.data = torch.empty(a, dtype=layer.a.dtype, device=layer.a.device)
@@ -298,11 +313,17 @@ class ABTraining:
                 self._wrap(init_sync=False)
             return
         prev, self.phase = self.phase, phase
-        if prev is not None and prev.low_rank:  # Algorithm 1, lines 18-21
+        if prev is not None and prev.grouped:  # Algorithm 1, lines 18-21; local SGD's average
             t0 = process.clock(self.device)
             with self.ledger.during("sync"):
-                self._sync()
+                if prev.low_rank:
+                    self._sync()
+                else:
+                    self._average_nodes()
             self.spent["comm"] += process.clock(self.device) - t0
+        if self.outer is not None and phase.grouped and not self.split:
+            self.outer.begin()  # the warm-up's end: its weights are the first outer ones
+        self.split |= phase.grouped
         if phase.low_rank:  # lines 10-14
             t0 = process.clock(self.device)
             with self.ledger.during("factorize"):
@@ -311,6 +332,8 @@ class ABTraining:
         if prev is not None:
             lowrank.adapt_optimizer_state(self.optimizer, self.layers, self.cfg.ab.optimizer_state)
         self.ledger.phase = phase.kind
+        if phase.kind == "local" and prev is not None and prev.kind == "local" and self.ddp:
+            return  # one local phase after another: the same group, the same DDP wrapper
         if phase != DONE:
             self._wrap(init_sync=self.fresh)
 
@@ -332,6 +355,14 @@ class ABTraining:
         )
         sync.merge(self.layers)
 
+    def _average_nodes(self) -> None:
+        """The end of a local phase: the nodes' parameters averaged (local SGD), or
+        DiLoCo's outer step on their averaged pseudo-gradient."""
+        if self.outer is not None:
+            self.outer.step(self.ledger)
+        else:
+            sync.average_replicas(self.model, self.ledger)
+
     def _factorize(self) -> None:
         ab = self.cfg.ab
         before = {name: (layer.a, layer.b) for name, layer in self.layers.items()}
@@ -345,10 +376,10 @@ class ABTraining:
         )
 
     def _wrap(self, init_sync: bool) -> None:
-        """DDP over this phase's group: the world, or this rank's A/B group."""
+        """DDP over this phase's group: the world, or this rank's A/B group or node."""
         t0, self.ddp = process.clock(self.device), None
         gc.collect()  # the old wrapper's reducer must drop its autograd hooks first
-        group = self.groups.group if self.phase.low_rank else None
+        group = self.groups.group if self.phase.grouped else None
         if init_sync and group is None:
             sync.share_model(self.model, self.ledger, self.fanout)  # two hops, not DDP's one
             init_sync = False

@@ -13,6 +13,11 @@ states every value it runs with and reads none of these):
   node, the first and last weight layer kept full rank, the optimizer's moments carried
   across shapes: what its Algorithm 1 describes;
 - PowerSGD (not part of the paper): torch's own `PowerSGDState` defaults;
+- local SGD and DiLoCo (not part of the paper): the warm-up and the period of AB's own
+  schedule (20% of the steps of full-rank DDP, then an average every 3.33% of them), so
+  that by default they differ from AB in what crosses between nodes, not when; DiLoCo's
+  outer step as Douillard et al. (2023) publish it: SGD, learning rate 0.7, Nesterov
+  momentum 0.9 (their 500 inner steps are longer than most of abtrain's runs);
 - buckets and BatchNorm as plain DDP has them (25 MB; each rank's own statistics).
 """
 
@@ -42,6 +47,8 @@ AB = dict(
     optimizer_state="carry",
 )
 POWERSGD = dict(rank=1, start_iter=1000, error_feedback=True, warm_start=True)  # torch's
+DILOCO_OUTER = dict(outer_lr=0.7, outer_momentum=0.9)  # Douillard et al. 2023, section 3
+LOCAL = ("localsgd", "diloco")  # the sections of the methods whose nodes train on their own
 DIST = dict(backend="auto", timeout_s=1800, bucket_cap_mb=25.0, sync_batchnorm="local")
 SCHEDULE = ("warmup_steps", "ab_steps", "rebound_steps", "lr_rebound_steps")
 
@@ -58,24 +65,34 @@ def schedule(steps: int, ab_steps: int | None = None) -> dict[str, int]:
     )
 
 
+def local_schedule(steps: int) -> dict[str, int]:
+    """Local SGD's and DiLoCo's guideline warm-up and period: AB's (`schedule`)."""
+    ab = schedule(steps)
+    return dict(warmup_steps=ab["warmup_steps"], period=ab["ab_steps"])
+
+
 def method_config(
     steps: int,
     method: str = "ab",
     seed: int = 0,
     powersgd: Mapping[str, Any] | None = None,
     dist: Mapping[str, Any] | None = None,
+    localsgd: Mapping[str, Any] | None = None,
+    diloco: Mapping[str, Any] | None = None,
     **ab: Any,
 ) -> MethodConfig:
     """The method's settings for a run of `steps` steps: the guidelines above, with any of
     them given by keyword. `ab`'s keys are keywords of their own (`sigma_cutoff=0.3`,
-    `warmup_steps=100`, `group_size=1`...); PowerSGD's and DDP's go in a mapping
-    (`powersgd={"rank": 4}`, `dist={"sync_batchnorm": "group"}`). A key it does not know
-    is refused (ConfigError naming it and the closest it knows)."""
+    `warmup_steps=100`, `group_size=1`...); the other sections' go in a mapping
+    (`powersgd={"rank": 4}`, `diloco={"period": 50}`, `dist={"sync_batchnorm": "group"}`).
+    A key it does not know is refused (ConfigError naming it and the closest it knows)."""
     if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
         raise ConfigError(f"steps: {steps!r} is not a positive whole number of steps")
     _known("", ab, ABConfig.model_fields)
     _known("powersgd", powersgd or {}, POWERSGD)
     _known("dist", dist or {}, DIST)
+    _known("localsgd", localsgd or {}, local_schedule(steps))
+    _known("diloco", diloco or {}, {**local_schedule(steps), **DILOCO_OUTER})
     given_schedule = {k: ab[k] for k in SCHEDULE if k in ab}
     ab_steps = given_schedule.get("ab_steps")
     derived = schedule(steps, ab_steps if isinstance(ab_steps, int) else None)
@@ -85,6 +102,8 @@ def method_config(
         steps=steps,
         ab={**AB, **derived, **ab},
         powersgd={**POWERSGD, **(powersgd or {})},
+        localsgd={**local_schedule(steps), **(localsgd or {})},
+        diloco={**local_schedule(steps), **DILOCO_OUTER, **(diloco or {})},
         dist={**DIST, **(dist or {})},
     )
 
@@ -94,7 +113,7 @@ def from_mapping(raw: Mapping[str, Any]) -> MethodConfig:
     nested as in params.yaml; what it lacks takes the guidelines. `steps` is required."""
     if "steps" not in raw:
         raise ConfigError("steps: required (the guidelines' schedule is a share of it)")
-    for section in ("ab", "powersgd", "dist"):
+    for section in ("ab", "powersgd", "dist", *LOCAL):
         if not isinstance(raw.get(section) or {}, Mapping):
             raise ConfigError(f"{section}: must be a mapping of its keys")
     top = {k: v for k, v in raw.items() if k in ("method", "seed")}
@@ -103,6 +122,8 @@ def from_mapping(raw: Mapping[str, Any]) -> MethodConfig:
         **top,
         powersgd=raw.get("powersgd"),
         dist=raw.get("dist"),
+        localsgd=raw.get("localsgd"),
+        diloco=raw.get("diloco"),
         **(raw.get("ab") or {}),
     )
 
@@ -123,7 +144,7 @@ def load_config(
 ) -> Config | MethodConfig:
     """`abtrain.load_config`: a file of a whole run gives a `Config` (abtrain.config.load,
     every key required); a file holding only the method's keys (method, steps, seed, ab,
-    powersgd, dist: what `ABTraining` reads) a `MethodConfig` whose missing keys take the
+    powersgd, localsgd, diloco, dist: what `ABTraining` reads) a `MethodConfig` whose missing keys take the
     guidelines. `overrides`: `key=value`, as `--set` takes them."""
     path = Path(path)
     raw = config.read_mapping(path, section)

@@ -1,7 +1,8 @@
 """The training methods as small objects: every question on which methods differ.
 
 All share one trainer and one planner; they ask the method, never its name. A method says
-whether it has AB phases (`low_rank`), whether its full-rank steps send PowerSGD-compressed
+whether it has AB phases (`low_rank`), whether its nodes train on their own between
+averages (`local`: local SGD, DiLoCo), whether its full-rank steps send PowerSGD-compressed
 gradients (`compresses`), how its ranks form groups (the group size a world allows, the
 fewest ranks it runs on, the A/B roles), and how DDP sends gradients (comm hook, buckets).
 """
@@ -27,6 +28,7 @@ class DDP:
     """Plain data parallelism: every step all-reduces every gradient over the world."""
 
     low_rank = False  # factorises its layers and has AB phases
+    local = False  # each node trains on its own between averages (local SGD, DiLoCo)
     compresses = False  # its full-rank steps send PowerSGD's factors
     # Re-wrapping at checkpoints gives a resumed run the same DDP bucket layout as an
     # uninterrupted one, which keeps resume bitwise exact.
@@ -195,6 +197,45 @@ class ABPowerSGD(AB):
         return self.powersgd.bucket_cap_mb(cfg, backend)
 
 
+class LocalSGD(DDP):
+    """Post-local SGD (Lin et al. 2020): DDP over the world for `localsgd.warmup_steps`,
+    then DDP inside each node, the nodes' parameters (and float buffers) averaged across
+    nodes every `localsgd.period` steps. torch ships the same as `PeriodicModelAverager`
+    behind `PostLocalSGDOptimizer`; abtrain averages in one counted all-reduce of its own
+    instead (`sync.average_replicas`), as the averager's all-reduce would escape the ledger
+    and its per-process-group period would duplicate the schedule. Each node keeps its
+    optimizer's moments, as torch's wrapper does: only the parameters are averaged."""
+
+    local = True
+
+    def settings(self, cfg: Config) -> Any:
+        """The config section of the method's warm-up and period."""
+        return cfg.localsgd
+
+    def group_size(self, cfg: Config, world_size: int, ranks_per_node: int) -> int:
+        if world_size % ranks_per_node:
+            raise ConfigError(
+                f"{ranks_per_node} ranks per node do not divide the world size {world_size}"
+            )
+        return ranks_per_node
+
+    def group_roles(self, world_size: int, group_size: int) -> list[tuple[list[int], str]]:
+        return [
+            (list(range(start, start + group_size)), "local")
+            for start in range(0, world_size, group_size)
+        ]
+
+
+class DiLoCo(LocalSGD):
+    """DiLoCo (Douillard et al. 2023): the run's optimizer as the inner one, DDP inside each
+    node; every `diloco.period` steps the pseudo-gradient (the weights of the last outer
+    step minus the node's) averaged across nodes and applied by an outer SGD step with
+    Nesterov momentum (`abtrain.method.outer`). Each node keeps its inner moments."""
+
+    def settings(self, cfg: Config) -> Any:
+        return cfg.diloco
+
+
 KINDS: dict[str, type[DDP]] = {
     "ddp": DDP,
     "powersgd": PowerSGD,
@@ -202,6 +243,8 @@ KINDS: dict[str, type[DDP]] = {
     "ab_individual": ABIndividual,
     "ab_nogroups": ABNoGroups,
     "ab_powersgd": ABPowerSGD,
+    "localsgd": LocalSGD,
+    "diloco": DiLoCo,
 }
 
 

@@ -1,7 +1,9 @@
 """Which phase step t is in, and its learning rate. Pure functions of the step.
 
 A method with AB phases: `warmup_steps` full-rank steps, then cycles of `ab_steps` low-rank
-steps and `rebound_steps` full-rank steps until `steps`. Others are full-rank throughout.
+steps and `rebound_steps` full-rank steps until `steps`. Local SGD and DiLoCo: `warmup_steps`
+of DDP over the world, then local phases of `period` steps, each node on its own, with an
+average across nodes between two of them. Others are full-rank throughout.
 """
 
 from __future__ import annotations
@@ -13,17 +15,23 @@ from dataclasses import dataclass
 from abtrain.config import Config, MethodConfig
 from abtrain.method import methods
 
-PHASE_IDS = {"full": 0, "warmup": 1, "ab": 2, "rebound": 3}
+PHASE_IDS = {"full": 0, "warmup": 1, "ab": 2, "rebound": 3, "local": 4}
 
 
 @dataclass(frozen=True)
 class Phase:
-    kind: str  # full | warmup | ab | rebound
-    cycle: int = -1  # index of the AB cycle, -1 outside them
+    kind: str  # full | warmup | ab | rebound | local
+    cycle: int = -1  # index of the AB cycle or local phase, -1 outside them
 
     @property
     def low_rank(self) -> bool:
         return self.kind == "ab"
+
+    @property
+    def grouped(self) -> bool:
+        """Each group (a node) trains on its own: the replicas differ until its end, when
+        they are averaged across groups."""
+        return self.kind in ("ab", "local")
 
 
 def phase_at(step: int, cfg: MethodConfig) -> Phase:
@@ -42,7 +50,14 @@ def _phase_and_start(step: int, cfg: MethodConfig) -> tuple[Phase, int]:
     restarts the LR ramp (and re-wraps DDP inside the group), so that step is returned as
     the phase's start.
     """
-    if not methods.kind(cfg.method).low_rank:
+    kind = methods.kind(cfg.method)
+    if kind.local:
+        local = kind().settings(cfg)
+        if step < local.warmup_steps:
+            return Phase("warmup"), 0
+        cycle = (step - local.warmup_steps) // local.period
+        return Phase("local", cycle), local.warmup_steps + cycle * local.period
+    if not kind.low_rank:
         return Phase("full"), 0
     ab = cfg.ab
     if step < ab.warmup_steps:
@@ -65,6 +80,14 @@ def _phase_and_start(step: int, cfg: MethodConfig) -> tuple[Phase, int]:
     if within < ab.rebound_steps:
         return Phase("rebound", cycle), start
     return Phase("ab", cycle + 1), start + ab.rebound_steps
+
+
+def merged_at(step: int, cfg: MethodConfig) -> bool:
+    """Whether every rank holds the same model as `step` begins, so an evaluation scores the
+    run's model and not one replica: not in an AB phase, and in a local phase only at its
+    first step (the nodes just averaged, or the warm-up just ended)."""
+    phase, start = _phase_and_start(step, cfg)
+    return not phase.low_rank and (phase.kind != "local" or step == start)
 
 
 def phases(cfg: MethodConfig) -> list[tuple[int, Phase]]:

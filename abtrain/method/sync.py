@@ -67,7 +67,7 @@ def _pieces(flat: Tensor, tensors: list[Tensor]) -> list[Tensor]:
     return [p.view_as(t) for p, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
 
 
-def _average(tensors: list[Tensor], ledger: Ledger, group=None) -> None:
+def average_tensors(tensors: list[Tensor], ledger: Ledger, group=None) -> None:
     """Average `tensors` in place over `group` with one all-reduce."""
     if not tensors:
         return
@@ -121,14 +121,14 @@ def average(
     if groups.single:
         # One group trained by DDP over the world: factors and parameters already agree,
         # only buffers (updated locally, never all-reduced) differ.
-        _average([t for t in model.buffers() if t.is_floating_point()], ledger)
+        average_tensors([t for t in model.buffers() if t.is_floating_point()], ledger)
     elif mode == "with_stale":
-        _average(a + b + shared, ledger)
+        average_tensors(a + b + shared, ledger)
     elif mode == "only_learned":
-        _average(a if groups.role == "a" else b, ledger, groups.learners)
+        average_tensors(a if groups.role == "a" else b, ledger, groups.learners)
         share(a, ledger, groups.share_a)
         share(b, ledger, groups.share_b)
-        _average(shared, ledger)
+        average_tensors(shared, ledger)
     else:
         raise ValueError(f"unknown sync mode {mode!r}")
 
@@ -141,6 +141,14 @@ def take_rank0(
     buffers to all (the factors stay: A is every rank's same SVD, B is in W)."""
     merge(layers)
     share_model(model, ledger, route, skip=[t for m in layers.values() for t in (m.a, m.b)])
+
+
+@torch.no_grad()
+def average_replicas(model: nn.Module, ledger: Ledger) -> None:
+    """Local SGD's average: every parameter and float buffer over the world, in one
+    all-reduce (the optimizer's moments stay each node's own)."""
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    average_tensors([p.data for p in model.parameters()] + buffers, ledger)
 
 
 def merge(layers: dict[str, LowRankLayer]) -> None:

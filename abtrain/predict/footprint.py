@@ -132,7 +132,9 @@ def ledger_calls(
     ab_buckets = sum(_buckets(s.trained(r), cfg) for r in roles)
 
     def sync(step: int) -> None:
-        if len(groups_) == 1:  # one group trained by DDP: only float buffers differ
+        if methods.kind(cfg.method).local:  # every parameter (DiLoCo: its pseudo-gradient)
+            add(step, "sync", "all_reduce")
+        elif len(groups_) == 1:  # one group trained by DDP: only float buffers differ
             if s.float_buffers:
                 add(step, "sync", "all_reduce")
         elif cfg.ab.sync_mode == "rank0":  # rank 0's state, a dtype at a time
@@ -150,15 +152,15 @@ def ledger_calls(
     for t in range(cfg.steps):
         phase = schedule.phase_at(t, cfg)
         if phase != prev:
-            if prev is not None and prev.low_rank:
+            if prev is not None and prev.grouped:
                 sync(t)
             if phase.low_rank:
                 add(t, "factorize", "all_reduce")
             if prev is None:
                 # the first wrap: rank 0's state, or DDP's own broadcast inside each group
-                add(t, phase.kind, "broadcast", world if phase.low_rank else dtypes * fanout)
+                add(t, phase.kind, "broadcast", world if phase.grouped else dtypes * fanout)
             prev = phase
-        if pending and not phase.low_rank:
+        if pending and schedule.merged_at(t, cfg):
             add(t, "eval", "all_reduce")
             pending = False
         if phase.low_rank:
@@ -177,7 +179,7 @@ def ledger_calls(
         if cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0 and t + 1 < cfg.steps:
             checkpoint(t)
     end = cfg.steps  # what follows the last step is keyed to the step after it
-    if prev.low_rank:
+    if prev.grouped:
         sync(end)  # the run ends merged
     add(end, "eval", "all_reduce")
     checkpoint(end)
@@ -232,7 +234,10 @@ def _memory(cfg: Config, s: Sizes, roles: set[str]) -> dict[str, dict[str, int]]
     compressing = methods.kind(cfg.method).compresses
     error = s.full if compressing and cfg.powersgd.error_feedback else 0
     out = {"full": entry(s.full, s.full, 2 * s.full, error)}
-    if not roles:
+    if cfg.method == "diloco":  # the outer weights and their momentum, a copy each
+        out["full"]["outer"] = 2 * s.full
+        out["full"]["total"] += 2 * s.full
+    if not roles or methods.kind(cfg.method).local:
         return out
     carry = cfg.ab.optimizer_state == "carry"
 
@@ -286,7 +291,12 @@ def footprint(
     small = world * rank_state_bytes(s, count_evaluations(cfg), cycles, cuda, low_rank)
     kept = min(cfg.keep_checkpoints, len(at))
     by_phase = {"full": replica_bytes(s) + small}
-    for phase in ("ab", "rebound") if groups_ else ():
+    local = methods.kind(cfg.method).local
+    if local:  # each node's replica: its own inner moments (and DiLoCo's outer state)
+        outer = 2 * s.full if cfg.method == "diloco" else 0
+        by_phase = {"full": replica_bytes(s) + outer + small}
+        by_phase["local"] = small + len(groups_) * (replica_bytes(s) + outer)
+    for phase in ("ab", "rebound") if groups_ and not local else ():
         by_phase[phase] = small + sum(saved_replica_bytes(s, phase, r, carry) for _, r in groups_)
     worst = max(by_phase.values())
     checkpoint = dict(
@@ -295,7 +305,7 @@ def footprint(
         bytes=worst,
         count=len(at),
         # the last is always merged; the others fall where the schedule puts them
-        in_ab_phase=sum(schedule.phase_at(t - 1, cfg).low_rank for t in at[:-1]),
+        in_ab_phase=sum(schedule.phase_at(t - 1, cfg).grouped for t in at[:-1]),
         kept=kept,
         disk_bytes=kept * worst,
     )

@@ -114,11 +114,12 @@ def chain_inter(size: float, nodes: int, ranks: int) -> float:
 
 
 def count_evaluations(cfg: Config) -> int:
-    """As the trainer does them: due every eval_every steps, put off to the end of an AB
-    phase (several due in one phase make one), and one at the very end."""
+    """As the trainer does them: due every eval_every steps, put off to the next step at
+    which the replicas agree (`schedule.merged_at`: the end of an AB or local phase; several
+    due in one phase make one), and one at the very end."""
     count, pending = 1, False
     for t in range(cfg.steps):
-        if pending and not schedule.phase_at(t, cfg).low_rank:
+        if pending and schedule.merged_at(t, cfg):
             count, pending = count + 1, False
         pending |= (t + 1) % cfg.eval_every == 0
     return count
@@ -206,6 +207,14 @@ def estimate(
     elif cfg.dist.sync_batchnorm == "world":
         norm = ab_norm = gather_inter(s.batchnorm_stats, nodes, n) + ring(s.batchnorm_grads)
     method = methods.kind(cfg.method)
+    if method.local:  # DDP inside each node between averages: nothing crosses but these
+        kinds = [schedule.phase_at(t, cfg) for t in range(cfg.steps)]
+        steps = {k: sum(p.kind == k for p in kinds) for k in ("warmup", "local")}
+        # each local phase ends in one all-reduce of every parameter (DiLoCo: its
+        # pseudo-gradient) and float buffer over the world; the last at the run's end
+        syncs = len({p.cycle for p in kinds if p.kind == "local"})
+        events["sync"] = syncs * ring(full + s.float_buffer_bytes)
+        return Estimate(steps, {"warmup": ring(full) + norm, "local": ab_norm}, events, syncs)
     if not method.low_rank and not method.compresses:
         return Estimate({"full": cfg.steps}, {"full": ring(full) + norm}, events)
     if not method.low_rank:  # PowerSGD
@@ -302,6 +311,7 @@ def _learned_sync(cfg: Config, s: Sizes, nodes: int, ranks_per_node: int) -> flo
 
 
 def ab_groups(cfg: Config, world: int, ranks_per_node: int) -> list[tuple[list[int], str]]:
-    """The A/B groups the trainer forms ([] for methods without AB phases)."""
+    """The A/B groups the trainer forms (local SGD's and DiLoCo's: its nodes, each with
+    the role 'local'; [] for methods without either)."""
     method = methods.make(cfg.method)
     return method.group_roles(world, method.group_size(cfg, world, ranks_per_node))

@@ -210,12 +210,14 @@ class Checkpointer:
         shared = dict(
             model={k: v for k, v in state.items() if k not in buffers},
             optim=opt.state_dict(),
+            # DiLoCo's outer weights and momentum: every rank's are the same, one copy
+            outer=method.outer.state_dict() if method.outer else None,
         )
         own = dict(
             run=run.to_dict(),
             buffers={k: v for k, v in state.items() if k in buffers},
             rng=dict(torch=torch.get_rng_state(), python=random.getstate()),
-            method=method.state_dict(),  # phase, factorisations, factor shapes, ledger
+            method=method.state_dict(outer=False),  # phase, factorisations, shapes, ledger
         )
         own["run"]["run_id"] = run_id
         if self.device.type == "cuda":
@@ -251,6 +253,8 @@ class Checkpointer:
             return None
         step, own, shared = found
         method.load_state_dict(own["method"])  # factors take the saved shapes first
+        if method.outer is not None:
+            method.outer.load_state_dict(shared["outer"])
         model.load_state_dict({**shared["model"], **own["buffers"]})
         opt.load_state_dict(shared["optim"])
         torch.set_rng_state(own["rng"]["torch"])

@@ -140,7 +140,7 @@ class Trainer:
         batches = self.task.train_batches(self.sampler, self.state.step, self.cfg.steps)
         while self.state.step < self.cfg.steps:
             net = self._enter(self.state.step)
-            if self.state.pending_eval and not self.ab.phase.low_rank:
+            if self.state.pending_eval and schedule.merged_at(self.state.step, self.cfg):
                 yield self._evaluate()
                 if self._stop_early():
                     break

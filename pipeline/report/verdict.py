@@ -17,6 +17,8 @@ NAMES = {
     "ab_nogroups": "AB without groups",
     "powersgd": "PowerSGD",
     "ab_powersgd": "AB + PowerSGD",
+    "localsgd": "local SGD",
+    "diloco": "DiLoCo",
 }
 
 

@@ -14,7 +14,7 @@ from abtrain.predict import traffic
 from abtrain.run import checkpointer
 from tests.helpers import launch, spawn, summary, tiny_config
 
-METHODS = ["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd"]
+METHODS = ["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd", "localsgd", "diloco"]
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +67,13 @@ def expected_inter_node_bytes(method, s):
     # the ledger's per-step tables (step 0 to the end, both included), summed at checkpoints
     inter += allreduce_inter((cfg.steps + 1) * ledger.STEP_TABLE_BYTES)
     steps = Counter(schedule.phase_at(t, cfg).kind for t in range(cfg.steps))
+    if method in ("localsgd", "diloco"):  # DDP over the world in the warm-up, then inside
+        # each node; every local phase ends in one all-reduce of every parameter (DiLoCo:
+        # its pseudo-gradient) over the world, the MLP has no buffers
+        local = getattr(cfg, method)
+        assert steps["warmup"] == local.warmup_steps and steps["local"] > 0
+        syncs = -(-(cfg.steps - local.warmup_steps) // local.period)
+        return inter + (steps["warmup"] + syncs) * allreduce_inter(full)
     if method == "ddp":
         return inter + cfg.steps * allreduce_inter(full)
     if method == "powersgd":
@@ -169,8 +176,8 @@ def assert_one_replica_per_group(run_dir, step):
     ]
 
 
-def resume_and_compare(uninterrupted, run_dir, said):
-    resumed = launch(run_dir, "method=ab")
+def resume_and_compare(uninterrupted, run_dir, said, method="ab"):
+    resumed = launch(run_dir, f"method={method}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert said in resumed.stdout
     for rank in range(4):
@@ -215,6 +222,31 @@ def test_a_run_killed_after_a_rebound_checkpoint_resumes_bit_for_bit(runs, tmp_p
     assert_one_replica_per_group(tmp_path, 30)
     resume_and_compare(runs["ab"], tmp_path, "resumed from step 30 (rebound phase)")
     assert summary(tmp_path)["train_loss_final"] == summary(runs["ab"])["train_loss_final"]
+
+
+@pytest.mark.multiprocess
+def test_diloco_killed_inside_a_local_phase_resumes_bit_for_bit(runs, tmp_path):
+    """Checkpoint 30 falls inside a local phase (28-31): each node's replica (its inner
+    AdamW moments) is saved by its first rank, with the outer weights and momentum."""
+    killed = launch(tmp_path, "method=diloco", env={"ABTRAIN_FAIL_AT": "1:33"})
+    assert killed.returncode != 0
+    assert schedule.phase_at(29, tiny_config("method=diloco")).kind == "local"
+    assert_one_replica_per_group(tmp_path, 30)
+    resume_and_compare(runs["diloco"], tmp_path, "resumed from step 30", method="diloco")
+    assert summary(tmp_path)["train_loss_final"] == summary(runs["diloco"])["train_loss_final"]
+
+
+@pytest.mark.multiprocess
+def test_diloco_with_outer_lr_1_and_no_momentum_is_local_sgd(runs, tmp_path):
+    """Its outer step is then anchor - mean(anchor - node) = the nodes' mean: local SGD's
+    average, to float rounding; with the default outer step it is not."""
+    run = launch(tmp_path, "method=diloco", "diloco.outer_lr=1.0", "diloco.outer_momentum=0")
+    assert run.returncode == 0, run.stderr[-3000:]
+    local, default = final_weights(runs["localsgd"], 0), final_weights(runs["diloco"], 0)
+    plain = final_weights(tmp_path, 0)
+    for key in local:
+        torch.testing.assert_close(plain[key], local[key], rtol=1e-4, atol=1e-6)
+    assert any(not torch.allclose(default[k], local[k], atol=1e-4) for k in local)
 
 
 @pytest.mark.multiprocess
