@@ -1,6 +1,6 @@
 """`python -m abtrain train --config FILE [--set key=value ...] --out DIR` (under torchrun);
-`check`, `prepare`, `compare`, and `plan` (which method pays off on a given cluster and link,
-predicted without training)."""
+`check`, `prepare`, `compare`, `ui` (MLflow's web UI over the tracking store), and `plan`
+(which method pays off on a given cluster and link, predicted without training)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,10 @@ def command(argv: list[str] | None = None) -> int:
     from abtrain.method.methods import check_world
 
     try:
+        if args.command == "ui":
+            from abtrain.commands import ui
+
+            return ui.run(ui.store_of(args), args.port, args.host)
         cfg = load(args.config, args.overrides)
         if args.command == "prepare":
             return _prepare(cfg)

@@ -260,10 +260,13 @@ class PowerSGDConfig(_Section):
 
 class LocalSGDConfig(_Section):
     """Post-local SGD: DDP over the world for `warmup_steps`, then DDP inside each node with
-    the parameters averaged across nodes every `period` steps."""
+    the parameters averaged across nodes every `period` steps. `schedule: ab` follows AB's
+    phases (`ab.*`) instead, a local phase in place of each AB phase: AB without its
+    factorisation, the matched ablation."""
 
     warmup_steps: int = Field(ge=0)
     period: int = Field(gt=0)
+    schedule: Literal["own", "ab"]
 
 
 class DiLoCoConfig(_Section):
@@ -381,7 +384,13 @@ class MethodConfig(_Section):
         if ab_method and self.ab.warmup_steps >= self.steps:
             raise ValueError("ab.warmup_steps must be smaller than steps, or no AB phase runs")
         local = getattr(self, self.method, None)
-        if isinstance(local, LocalSGDConfig | DiLoCoConfig) and local.warmup_steps >= self.steps:
+        if isinstance(local, LocalSGDConfig) and local.schedule == "ab":
+            if self.ab.warmup_steps >= self.steps:
+                raise ValueError(
+                    "ab.warmup_steps must be smaller than steps (localsgd.schedule=ab follows "
+                    "AB's phases), or no local phase runs"
+                )
+        elif isinstance(local, LocalSGDConfig | DiLoCoConfig) and local.warmup_steps >= self.steps:
             raise ValueError(
                 f"{self.method}.warmup_steps must be smaller than steps, or the nodes never "
                 "train on their own"
@@ -570,12 +579,6 @@ def read_mapping(path: Path, section: str = "train") -> dict[str, Any]:
 # Settings that change no number a run trains: where it reports (MLflow), how long a peer
 # may take, how many checkpoints stay on disk. A run may resume with other values of them.
 NOT_TRAINING = ("tracking", "dist.timeout_s", "keep_checkpoints")
-LOCAL_SECTIONS = ("localsgd", "diloco")  # each read by its own method alone
-
-
-def unread_sections(method: str) -> list[str]:
-    """The sections of local SGD and DiLoCo that `method` never reads."""
-    return [section for section in LOCAL_SECTIONS if section != method]
 
 
 def training_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -283,19 +283,13 @@ def provenance(p: dict[str, Any], overrides: list[Override]) -> list[str]:
     nothing the run does: a value equal to all it replaces, and the settings of a part the
     run's method lacks (ab.* without AB phases, powersgd.* without PowerSGD), counted in one
     line. Only the printout: the run's overrides are `overrides`, whole."""
-    from abtrain.config import unread_sections
-    from abtrain.method import methods
+    from abtrain.method.methods import unread_sections
 
     lines, seen = [], {}
     for o in overrides:
         seen.setdefault(o.key, []).append(o)
     method = seen["method"][-1].value if "method" in seen else p["train"]["method"]
-    kind = methods.kind(method)
-    unused = {
-        "ab": None if kind.low_rank else "has no AB phases",
-        "powersgd": None if kind.compresses else "sends no PowerSGD factors",
-        **{section: f"is not {section}" for section in unread_sections(method)},
-    }
+    unused = unread_sections(method)
     skipped: dict[str, int] = {}
     for key, chain in seen.items():
         *lost, won = chain

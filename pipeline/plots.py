@@ -3,8 +3,9 @@
 `dvc plots show` draws the top-level `plots:` of dvc.yaml: `reports/curves.json` (one row
 per evaluation of every run, written by the report) through `pipeline/curves_template.json`
 (a Vega-Lite template: one panel per scale, one line per run, coloured by method, each line
-labelled with its run's name). DVC's page loads Vega from a CDN when opened; for a page and
-figures without a network this module fills the same template with DVC's own renderer
+labelled with its run's name). DVC's default page loads Vega from a CDN when opened; this
+module writes the page template that carries it inline instead (`--template`, named by
+`.dvc/config`), and for figures without a network it fills the same template with DVC's own renderer
 (dvc_render) from the same definitions in dvc.yaml, and renders it with vl-convert (Vega and
 Vega-Lite compiled into the wheel; pinned in requirements.lock): SVG and PNG in
 `reports/figures/`, a self-contained HTML page per chart in `reports/plots/`.

@@ -124,7 +124,9 @@ def search_inputs(p: dict[str, Any]) -> set[str]:
     set_by = {k.strip() for k in given} | set(p["search"]["space"])
     # the sections of local SGD and DiLoCo are read by their own method only
     method = str(given.get("method", p["train"]["method"])).strip()
-    unread = [] if "method" in p["search"]["space"] else abconfig.unread_sections(method)
+    from abtrain.method.methods import unread_sections  # torch: only where it is asked
+
+    unread = [] if "method" in p["search"]["space"] else list(unread_sections(method))
     return {
         k
         for k in leaves(p["train"])

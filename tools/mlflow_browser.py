@@ -19,9 +19,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from abtrain.commands.ui import SERVER_ENV, server_command
+
 WINDOW = (1400, 900)  # a laptop's browser window: "the first screen"
-# Without it `mlflow server` starts about 7 worker processes (~2.4 GB) and answers late.
-SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",  # as root, in a container
@@ -56,12 +56,8 @@ def mlflow_server(
 ) -> subprocess.Popen:
     """A real `mlflow server` on 127.0.0.1:`port` over `store_uri`, in a session of its own
     (`stop` it, or os.killpg), returned once it answers /health."""
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri]
-    if artifacts is not None:
-        cmd += ["--artifacts-destination", str(artifacts)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     server = subprocess.Popen(
-        cmd,
+        server_command(store_uri, port, artifacts=artifacts),
         env={**os.environ, **SERVER_ENV},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

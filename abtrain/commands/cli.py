@@ -1,5 +1,5 @@
 """The command line of `python -m abtrain`: every command's arguments (train, check, prepare,
-compare, plan), in one parser that the commands, the launcher and a SLURM stage all read
+compare, ui, plan), in one parser that the commands, the launcher and a SLURM stage all read
 (the launcher parses a `train` to refuse it before any torchrun). No command's code here:
 building it imports nothing heavy, so `--help` stays quick."""
 
@@ -40,6 +40,14 @@ def build_parser(kind: type[argparse.ArgumentParser] = argparse.ArgumentParser):
     prep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     comp = sub.add_parser("compare", help="table of finished runs; traffic relative to ddp")
     comp.add_argument("runs", nargs="+", help="run folders holding summary.json")
+    ui = sub.add_parser(
+        "ui", help="MLflow's web UI over the config's tracking store; Ctrl-C stops it"
+    )
+    ui.add_argument("--config", default="params.yaml", help="its tracking.uri is the store")
+    ui.add_argument("--store", help="a tracking URI (sqlite:///FILE), in place of --config's")
+    ui.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--host", default="127.0.0.1", help="default: this machine only")
     add_parser(sub)
     return parser
 

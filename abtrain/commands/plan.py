@@ -16,7 +16,7 @@ from pathlib import Path
 from abtrain.commands import localrun
 from abtrain.commands.cli import PLAN_ASSUMES
 from abtrain.commands.preflight import data_classes
-from abtrain.config import BASELINE, ConfigError, Method, load, training_diff, unread_sections
+from abtrain.config import BASELINE, ConfigError, Method, load, training_diff
 from abtrain.predict.timing import (
     MODEL_ERROR,
     Compute,
@@ -100,7 +100,7 @@ def measure_compute(
 
 
 def run(args) -> int:
-    from abtrain.method.methods import check_world
+    from abtrain.method.methods import check_world, unread_sections
 
     try:
         all_methods = list(typing.get_args(Method))
@@ -200,8 +200,11 @@ def print_settings(args, compute: Compute, planned: list[str], changed: list[str
     target belong to those), as flags to paste; and what the user's --set changed of them."""
     if compute.overrides:
         print(f"planned with {args.compute}'s runs' settings: {pasteable(compute.overrides)}")
+    from abtrain.method.methods import unread_sections
+
     for m, own in compute.method_overrides.items():
-        if own and m in planned:
+        own = [o for o in own if o.partition("=")[0].split(".")[0] not in unread_sections(m)]
+        if own and m in planned:  # (only those the method reads: DDP's no ab.*)
             print(f"{m}: planned with its run's own settings too: {pasteable(own)}")
     if changed:
         print(

@@ -91,7 +91,7 @@ def method_config(
     _known("", ab, ABConfig.model_fields)
     _known("powersgd", powersgd or {}, POWERSGD)
     _known("dist", dist or {}, DIST)
-    _known("localsgd", localsgd or {}, local_schedule(steps))
+    _known("localsgd", localsgd or {}, {**local_schedule(steps), "schedule": "own"})
     _known("diloco", diloco or {}, {**local_schedule(steps), **DILOCO_OUTER})
     given_schedule = {k: ab[k] for k in SCHEDULE if k in ab}
     ab_steps = given_schedule.get("ab_steps")
@@ -102,7 +102,7 @@ def method_config(
         steps=steps,
         ab={**AB, **derived, **ab},
         powersgd={**POWERSGD, **(powersgd or {})},
-        localsgd={**local_schedule(steps), **(localsgd or {})},
+        localsgd={**local_schedule(steps), "schedule": "own", **(localsgd or {})},
         diloco={**local_schedule(steps), **DILOCO_OUTER, **(diloco or {})},
         dist={**DIST, **(dist or {})},
     )

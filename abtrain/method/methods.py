@@ -248,6 +248,21 @@ KINDS: dict[str, type[DDP]] = {
 }
 
 
+def unread_sections(method: str) -> dict[str, str]:
+    """The config sections of other methods' knobs that `method` never reads, each with why
+    (printouts leave them out; the search stage need not track them)."""
+    kind = KINDS[method]
+    out = {}
+    if not kind.low_rank and method != "localsgd":  # localsgd.schedule=ab follows ab.*
+        out["ab"] = "has no AB phases"
+    if not kind.compresses:
+        out["powersgd"] = "sends no PowerSGD factors"
+    for name in ("localsgd", "diloco"):
+        if name != method:
+            out[name] = f"is not {name}"
+    return out
+
+
 def make(name: str) -> DDP:
     return KINDS[name]()
 

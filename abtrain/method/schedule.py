@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from abtrain.config import Config, MethodConfig
+from abtrain.config import ABConfig, Config, MethodConfig
 from abtrain.method import methods
 
 PHASE_IDS = {"full": 0, "warmup": 1, "ab": 2, "rebound": 3, "local": 4}
@@ -51,15 +51,29 @@ def _phase_and_start(step: int, cfg: MethodConfig) -> tuple[Phase, int]:
     the phase's start.
     """
     kind = methods.kind(cfg.method)
-    if kind.local:
+    if kind.local and not follows_ab(cfg):
         local = kind().settings(cfg)
         if step < local.warmup_steps:
             return Phase("warmup"), 0
         cycle = (step - local.warmup_steps) // local.period
         return Phase("local", cycle), local.warmup_steps + cycle * local.period
-    if not kind.low_rank:
+    if not kind.low_rank and not kind.local:
         return Phase("full"), 0
-    ab = cfg.ab
+    phase, start = _ab_phase_and_start(step, cfg.ab)
+    if kind.local and phase.kind == "ab":  # the matched ablation: no factorisation
+        return Phase("local", phase.cycle), start
+    return phase, start
+
+
+def follows_ab(cfg: MethodConfig) -> bool:
+    """Whether the method's phases are AB's (`ab.*`): an AB method's, and local SGD's under
+    `localsgd.schedule: ab` (AB's schedule, its LR rebounds included, with a local phase,
+    the full model trained inside each node, in place of each AB phase)."""
+    kind = methods.kind(cfg.method)
+    return kind.low_rank or (cfg.method == "localsgd" and cfg.localsgd.schedule == "ab")
+
+
+def _ab_phase_and_start(step: int, ab: ABConfig) -> tuple[Phase, int]:
     if step < ab.warmup_steps:
         return Phase("warmup"), 0
     period = ab.ab_steps + ab.rebound_steps
@@ -102,7 +116,7 @@ def phases(cfg: MethodConfig) -> list[tuple[int, Phase]]:
 
 def last_change(step: int, cfg: MethodConfig) -> int | None:
     """The latest step <= `step` at which the representation changed (None: not yet)."""
-    if not methods.kind(cfg.method).low_rank or step < cfg.ab.warmup_steps:
+    if not follows_ab(cfg) or step < cfg.ab.warmup_steps:
         return None
     return _phase_and_start(step, cfg)[1]
 

@@ -209,12 +209,14 @@ def estimate(
     method = methods.kind(cfg.method)
     if method.local:  # DDP inside each node between averages: nothing crosses but these
         kinds = [schedule.phase_at(t, cfg) for t in range(cfg.steps)]
-        steps = {k: sum(p.kind == k for p in kinds) for k in ("warmup", "local")}
+        steps = {k: sum(p.kind == k for p in kinds) for k in ("warmup", "local", "rebound")}
         # each local phase ends in one all-reduce of every parameter (DiLoCo: its
         # pseudo-gradient) and float buffer over the world; the last at the run's end
         syncs = len({p.cycle for p in kinds if p.kind == "local"})
         events["sync"] = syncs * ring(full + s.float_buffer_bytes)
-        return Estimate(steps, {"warmup": ring(full) + norm, "local": ab_norm}, events, syncs)
+        full_rank = ring(full) + norm  # the warm-up and (schedule: ab) the rebounds
+        step = {"warmup": full_rank, "local": ab_norm, "rebound": full_rank}
+        return Estimate(steps, step, events, syncs)
     if not method.low_rank and not method.compresses:
         return Estimate({"full": cfg.steps}, {"full": ring(full) + norm}, events)
     if not method.low_rank:  # PowerSGD

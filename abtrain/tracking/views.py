@@ -115,10 +115,10 @@ def key_figures_link(experiment: str) -> str:
 
 def ui_address(uri: str, experiment: str) -> str:
     """Where the key-figures view of a store's UI is: the server's own for a server URI, else
-    that of `mlflow ui` at its default address over the store."""
+    that of `python -m abtrain ui` at its default address over the store."""
     if uri.startswith(("http://", "https://")):
         return uri.rstrip("/") + "/" + key_figures_link(experiment)
     return (
         f"http://127.0.0.1:5000/{key_figures_link(experiment)} "
-        f"(after `mlflow ui --backend-store-uri {uri}`)"
+        f"(after `python -m abtrain ui --store {uri}`)"
     )

@@ -184,8 +184,9 @@ def figures_section(pics: list[tuple[str, str]]) -> list[str]:
         md += figure(path, caption)
     return md + [
         "The last two are DVC plots: `dvc plots show` draws them from `reports/curves.json` "
-        "(`plots:` in dvc.yaml, template `pipeline/curves_template.json`; its page loads Vega "
-        "from a CDN); `python -m pipeline.plots` renders the same charts offline to "
+        "(`plots:` in dvc.yaml, template `pipeline/curves_template.json`; its page carries "
+        "Vega inline and draws offline, `.dvc/config`'s `plots.html_template`); "
+        "`python -m pipeline.plots` renders the same charts to "
         "`reports/figures/` and to self-contained pages in `reports/plots/` (not committed).",
         "",
     ]

@@ -128,6 +128,7 @@ def verdict(
     if tradeoff:  # the question a researcher asks first: what a byte budget buys
         text.append(tradeoff_line(tradeoff["verdict"]))
     text += bytes_and_accuracy(ab_t1, study, own)
+    text += factorisation(p, acc, t1, studies)
     lengths = tables.lengths_study(p)
     if lengths:  # is the gap the method or the short training?
         text.append(lengths_line(lengths["verdict"]))
@@ -177,6 +178,65 @@ def bytes_and_accuracy(
         lines.append(
             f"- It is {span([-x for x in own], '.2f')} points of best top-1 below DDP's (one "
             "seed per scale: no seed study here is made with the runs' values)."
+        )
+    return lines
+
+
+def matched_runs(p: dict[str, Any]) -> dict[str, str]:
+    """{AB run: its matched local SGD run}: the matrix's runs of `localsgd` on AB's own
+    schedule (`localsgd.schedule=ab`), each paired with the ab run of the same scale."""
+    runs = p["experiments"]["runs"]
+    out = {}
+    for name, r in runs.items():
+        if r.get("method") != "localsgd" or "localsgd.schedule=ab" not in (r.get("set") or []):
+            continue
+        scale = (r["nodes"], r["ranks_per_node"], r["batch"])
+        for other, o in runs.items():
+            if o.get("method") == "ab" and (o["nodes"], o["ranks_per_node"], o["batch"]) == scale:
+                out[other] = name
+                break
+    return out
+
+
+def factorisation(
+    p: dict[str, Any],
+    acc: list[dict[str, Any]],
+    t1: list[dict[str, Any]],
+    studies: list[dict[str, Any]],
+) -> list[str]:
+    """What AB's factorisation adds or costs: AB against local SGD on AB's own schedule (the
+    same warm-up, phases, rebounds, LR restarts and search values, the full model trained in
+    each node), bytes from the matrix, top-1 from a seed study of the pair (else 1 seed)."""
+    ratio = {r["run"]: r["ratio_to_ddp"] for r in t1 if r["ratio_to_ddp"] is not None}
+    top1 = {r["run"]: r["best_top1"] for r in acc}
+    lines = []
+    for ab, local in matched_runs(p).items():
+        if ab not in ratio or local not in ratio:
+            continue
+        pair = next(
+            (
+                d
+                for st in studies
+                if (d := tables.study_difference(st))
+                and not st["extra"]
+                and (d["baseline"], d["compared"]) == (local, ab)
+            ),
+            None,
+        )
+        if pair:
+            gap = (
+                f"{abs(pair['mean']):.2f} ± {pair['sd']:.2f} points "
+                f"{'below' if pair['mean'] < 0 else 'above'} its ({pair['n']} seeds: "
+                f"{', '.join(f'{v:+.2f}' for v in pair['per_seed'].values())})"
+            )
+        else:
+            diff = top1[ab] - top1[local]
+            gap = f"{abs(diff):.2f} points {'below' if diff < 0 else 'above'} its (1 seed)"
+        lines.append(
+            f"- What the factorisation adds: against local SGD on AB's own schedule "
+            f"({local}: the same phases, rebounds, LR restarts and search values, the full "
+            f"model trained in each node), {ab}'s best top-1 is {gap}, at "
+            f"{ratio[ab] / ratio[local]:.2f}× its inter-node bytes."
         )
     return lines
 

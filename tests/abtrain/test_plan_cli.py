@@ -259,3 +259,11 @@ def test_measure_times_each_phase_without_its_first_step_and_charges_phase_chang
     assert ab["rebound"] == pytest.approx(0.3)
     # unexplained: ddp 1.0 + 0.3 (its first step), ab 2.5 + 0.3 + 0.8 + 0.3; one sync
     assert ab["sync"] == pytest.approx((2.5 + 1.4) - (1.0 + 0.3))
+
+
+def test_each_method_is_shown_only_the_settings_it_reads(capsys):
+    """The file's ddp and powersgd runs carry an ab.sync_mode, which neither reads: no line
+    offers it for them; ab's and ab_powersgd's stay."""
+    _, out = run_plan(capsys, "200mbit")
+    own = {x.split(":")[0] for x in out.splitlines() if "planned with its run's own" in x}
+    assert own == {"ab", "ab_powersgd"}, out

@@ -1,5 +1,6 @@
 """Real runs: `python -m abtrain.launch` starts two torchrun "nodes" of two gloo ranks each."""
 
+import csv
 import re
 import time
 from collections import Counter
@@ -247,6 +248,38 @@ def test_diloco_with_outer_lr_1_and_no_momentum_is_local_sgd(runs, tmp_path):
     for key in local:
         torch.testing.assert_close(plain[key], local[key], rtol=1e-4, atol=1e-6)
     assert any(not torch.allclose(default[k], local[k], atol=1e-4) for k in local)
+
+
+@pytest.mark.multiprocess
+def test_local_sgd_on_abs_schedule_is_ab_without_the_factorisation(tmp_path):
+    """`localsgd.schedule=ab`, the matched ablation: AB's warm-up, phases, rebounds and LR
+    restarts, the full model trained inside each node in place of the factors. Its ledger:
+    DDP over the world in the warm-up and rebounds, nothing across nodes in a local phase,
+    one all-reduce of every parameter at each local phase's end."""
+    run = launch(tmp_path, "method=localsgd", "localsgd.schedule=ab")
+    assert run.returncode == 0, run.stderr[-3000:]
+    s, cfg = summary(tmp_path), tiny_config("method=localsgd", "localsgd.schedule=ab")
+    assert {"warmup", "local", "rebound"} <= s["time"]["by_phase"].keys()
+    assert "ab" not in s["time"]["by_phase"] and s["factorizations"] == []
+    steps = Counter(schedule.phase_at(t, cfg).kind for t in range(cfg.steps))
+    ab = tiny_config("method=ab")  # AB's phases, step for step
+    assert [schedule.phase_at(t, ab).kind for t in range(40)] == [
+        "ab" if k == "local" else k for k in (schedule.phase_at(t, cfg).kind for t in range(40))
+    ]
+    model = models.build(cfg, cfg.data.classes, cfg.data.features)
+    full = 4 * sum(p.numel() for p in model.parameters())
+    syncs = len({schedule.phase_at(t, cfg).cycle for t in range(40)} - {-1})
+    by_phase = s["traffic"]["by_phase"]
+    assert by_phase["local"]["inter"] == 0
+    assert by_phase["sync"]["inter"] == syncs * allreduce_inter(full)
+    assert by_phase["rebound"]["inter"] == steps["rebound"] * allreduce_inter(full)
+    # the LR restarts after each change, as AB's: the train log's LR at each local start
+    with (tmp_path / "train_log.csv").open() as f:
+        lrs = {int(r["step"]): float(r["lr"]) for r in csv.DictReader(f)}
+    for start, phase in schedule.phases(cfg)[1:]:
+        assert lrs[start] < lrs[start - 1], (start, phase)
+    predicted = traffic.estimate(cfg, nodes=2, ranks_per_node=2, classes=10)
+    assert predicted.inter_bytes == pytest.approx(s["traffic"]["inter_node_bytes"], rel=1e-9)
 
 
 @pytest.mark.multiprocess
