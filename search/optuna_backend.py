@@ -26,6 +26,17 @@ def _locked(path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def sampler(s, worker: int):
+    """TPE with its random start set explicitly: `search.startup_trials` random trials (the
+    same count before the median pruner acts), then TPE's own proposals. Optuna's default
+    start, 10 random trials, is the whole budget of a short search: it never searches."""
+    import optuna
+
+    return optuna.samplers.TPESampler(
+        seed=s.seed * 1009 + worker, n_startup_trials=max(1, s.startup_trials)
+    )
+
+
 def run(ctx: Context) -> None:
     import optuna
     from optuna.storages import JournalStorage
@@ -43,7 +54,7 @@ def run(ctx: Context) -> None:
         study = optuna.create_study(
             study_name="search",
             storage=JournalStorage(JournalFileBackend(str(ctx.out / "optuna.journal"))),
-            sampler=optuna.samplers.TPESampler(seed=s.seed * 1009 + worker),
+            sampler=sampler(s, worker),
             pruner=optuna.pruners.MedianPruner(
                 n_startup_trials=s.startup_trials, n_warmup_steps=max(0, s.prune_after_evals - 1)
             ),

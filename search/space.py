@@ -80,7 +80,8 @@ class SearchConfig(_Section):
     islands: int = Field(ge=1)  # propulate
     migration_probability: float = Field(ge=0, le=1)  # propulate
     pollination: bool  # propulate
-    startup_trials: int = Field(ge=0)  # optuna: trials before the median pruner acts
+    # optuna: random trials before TPE proposes (at least 1) and the median pruner acts
+    startup_trials: int = Field(ge=0)
     prune_after_evals: int = Field(ge=0)  # evaluations of a run before it may be pruned
     train: list[str]  # overrides of the `train` section for every search run
     space: dict[str, Param] = Field(min_length=1)

@@ -208,10 +208,10 @@ def factorisation(
     same warm-up, phases, rebounds, LR restarts and search values, the full model trained in
     each node), bytes from the matrix, top-1 from a seed study of the pair (else 1 seed)."""
     ratio = {r["run"]: r["ratio_to_ddp"] for r in t1 if r["ratio_to_ddp"] is not None}
-    top1 = {r["run"]: r["best_top1"] for r in acc}
+    top1 = {r["run"]: r.get("best_top1") for r in acc}
     lines = []
     for ab, local in matched_runs(p).items():
-        if ab not in ratio or local not in ratio:
+        if ab not in ratio or local not in ratio or None in (top1.get(ab), top1.get(local)):
             continue
         pair = next(
             (

@@ -315,3 +315,44 @@ def test_the_report_has_a_section_over_training_length_from_the_study(here):
     assert "| 16 | 1250 | ab | 2 | -3.20 | 0.400 | 0.75:1 |" in md
     path.write_text(json.dumps(data | dict(model=None)))
     assert lengths_section(P) == []
+
+
+def test_the_verdict_says_what_the_factorisation_adds_from_the_matched_runs():
+    """AB against local SGD on AB's own schedule: the pair found from the matrix (the ab
+    run of the matched run's scale), bytes from table 1, top-1 from the runs (1 seed) when
+    no seed study of the pair exists, else the study's mean ± sd and its n."""
+    from pipeline.report import verdict
+
+    runs = {
+        "ab-2x2": {"method": "ab", "nodes": 2, "ranks_per_node": 2, "batch": "local"},
+        "localsgd-ab-2x2": {
+            "method": "localsgd", "nodes": 2, "ranks_per_node": 2, "batch": "local",
+            "set": ["localsgd.schedule=ab"],
+        },
+        "localsgd-2x2": {"method": "localsgd", "nodes": 2, "ranks_per_node": 2, "batch": "local"},
+    }  # fmt: skip
+    p = {"experiments": {"runs": runs}}
+    assert verdict.matched_runs(p) == {"ab-2x2": "localsgd-ab-2x2"}
+    acc = [{"run": "ab-2x2", "best_top1": 30.0}, {"run": "localsgd-ab-2x2", "best_top1": 32.5}]
+    t1 = [{"run": "ab-2x2", "ratio_to_ddp": 0.4}, {"run": "localsgd-ab-2x2", "ratio_to_ddp": 0.5}]
+    (line,) = verdict.factorisation(p, acc, t1, [])
+    assert "ab-2x2's best top-1 is 2.50 points below its (1 seed), at 0.80× its" in line
+    per_seed = {"0": -2.0, "1": -3.0}
+    study = {
+        "extra": [],
+        "folder": "seeds-matched",
+        "data": {
+            "baseline": "localsgd-ab-2x2",
+            "compared": "ab-2x2",
+            "summary": {
+                "difference": {
+                    "of": "best_top1",
+                    "per_seed": per_seed,
+                    "spread": {"n": 2, "mean": -2.5, "std": 0.71},
+                },
+                "methods": {},
+            },
+        },
+    }
+    (line,) = verdict.factorisation(p, acc, t1, [study])
+    assert "2.50 ± 0.71 points below its (2 seeds: -2.00, -3.00)" in line

@@ -10,12 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from search import record, space
 from search.driver import main
 from search.launch import mpirun_command
-from tests.helpers import ROOT
+from tests.helpers import PARAMS, ROOT
 
 TINY_SEARCH_TRAIN = [
     "method=ab",
@@ -416,3 +417,26 @@ def test_a_search_stopped_by_sigterm_says_so_last_and_how_to_go_on(tmp_path):
         f"[search] stopped by SIGTERM after {done} evaluations, kept in {out}: the same "
         "command continues it"
     ), lines[-3:]
+
+
+def test_optuna_hands_the_trials_after_its_random_start_to_tpe():
+    """The sampler the Optuna backend makes: its first `search.startup_trials` trials are
+    the draws of a random sampler of the same seed, and every later one is TPE's own (with
+    Optuna's default start of 10, a search of 8 trials was random from end to end)."""
+    import optuna
+
+    from search.optuna_backend import sampler
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    s = space.load(yaml.safe_load(PARAMS.read_text())["search"], ["startup_trials=2"])
+
+    def objective(trial):
+        hp = space.suggest(trial, s.space)
+        return abs(hp["optim.lr"] - 0.001) * 1000 + hp["ab.sigma_cutoff"]
+
+    studies = []
+    for made in (sampler(s, 0), optuna.samplers.RandomSampler(seed=s.seed * 1009)):
+        studies.append(optuna.create_study(sampler=made))
+        studies[-1].optimize(objective, n_trials=8)
+    same = [a.params == b.params for a, b in zip(*(st.trials for st in studies))]
+    assert same == [True, True] + [False] * 6
