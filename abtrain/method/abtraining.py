@@ -20,8 +20,8 @@ collective is counted in `ledger` (bytes within and across nodes, by phase). DDP
 and the AB variants are this same object, the first two with one full-rank phase; so are
 local SGD and DiLoCo (`method="localsgd"`, `"diloco"`), whose local phases train the full
 model inside each node and end in an average across nodes (DiLoCo's an outer Nesterov step,
-`abtrain.method.outer`), with no factorisation and no LR rebound. abtrain's `Trainer` is a
-loop over it.
+`abtrain.method.outer`), with no factorisation (and, but under `localsgd.schedule: ab`, no
+rebound). abtrain's `Trainer` is a loop over it.
 """
 
 from __future__ import annotations

@@ -226,19 +226,25 @@ def factorisation(
         if pair:
             gap = (
                 f"{abs(pair['mean']):.2f} ± {pair['sd']:.2f} points "
-                f"{'below' if pair['mean'] < 0 else 'above'} its ({pair['n']} seeds: "
-                f"{', '.join(f'{v:+.2f}' for v in pair['per_seed'].values())})"
+                f"{'below' if pair['mean'] < 0 else 'above'} local SGD's ({pair['n']} seeds: "
+                f"{', '.join(f'{v:+.2f}' for v in pair['per_seed'].values())}; "
+                f"`reports/{pair_folder(studies, pair)}/`)"
             )
         else:
             diff = top1[ab] - top1[local]
-            gap = f"{abs(diff):.2f} points {'below' if diff < 0 else 'above'} its (1 seed)"
+            gap = f"{abs(diff):.2f} points {'below' if diff < 0 else 'above'} local SGD's (1 seed)"
         lines.append(
             f"- What the factorisation adds: against local SGD on AB's own schedule "
             f"({local}: the same phases, rebounds, LR restarts and search values, the full "
-            f"model trained in each node), {ab}'s best top-1 is {gap}, at "
-            f"{ratio[ab] / ratio[local]:.2f}× its inter-node bytes."
+            f"model trained in each node), {ab}'s best top-1 is {gap}, and it sends "
+            f"{ratio[ab] / ratio[local]:.2f}× local SGD's inter-node bytes."
         )
     return lines
+
+
+def pair_folder(studies: list[dict[str, Any]], pair: dict[str, Any]) -> str:
+    """The folder of the seed study whose difference is `pair`."""
+    return next(st["folder"] for st in studies if tables.study_difference(st) == pair)
 
 
 def firsts(s: dict[str, Any]) -> str:

@@ -336,7 +336,9 @@ def test_the_verdict_says_what_the_factorisation_adds_from_the_matched_runs():
     acc = [{"run": "ab-2x2", "best_top1": 30.0}, {"run": "localsgd-ab-2x2", "best_top1": 32.5}]
     t1 = [{"run": "ab-2x2", "ratio_to_ddp": 0.4}, {"run": "localsgd-ab-2x2", "ratio_to_ddp": 0.5}]
     (line,) = verdict.factorisation(p, acc, t1, [])
-    assert "ab-2x2's best top-1 is 2.50 points below its (1 seed), at 0.80× its" in line
+    assert (
+        "ab-2x2's best top-1 is 2.50 points below local SGD's (1 seed), and it sends 0.80×" in line
+    )
     per_seed = {"0": -2.0, "1": -3.0}
     study = {
         "extra": [],
@@ -355,4 +357,7 @@ def test_the_verdict_says_what_the_factorisation_adds_from_the_matched_runs():
         },
     }
     (line,) = verdict.factorisation(p, acc, t1, [study])
-    assert "2.50 ± 0.71 points below its (2 seeds: -2.00, -3.00)" in line
+    assert (
+        "2.50 ± 0.71 points below local SGD's (2 seeds: -2.00, -3.00; `reports/seeds-matched/`)"
+        in line
+    )
