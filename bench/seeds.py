@@ -185,7 +185,12 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def verdict(summary: dict[str, Any], head: float | None, base: str, other: str) -> str:
+def verdict(
+    summary: dict[str, Any], head: float | None, base: str, other: str, same: bool = False
+) -> str:
+    """The study's sentence. `head`: the report's single-seed gap of `other` to ddp, where the
+    pair is that one; `same`: the runs are the report's configuration (its search values, no
+    extra override)."""
     m, d = summary["methods"], summary["difference"]
     sp = d["spread"]
     if not sp or any(v["best_top1"]["std"] is None for v in m.values()):
@@ -217,6 +222,8 @@ def verdict(summary: dict[str, Any], head: float | None, base: str, other: str) 
             f"Single-seed top-1 differences of the report smaller than about {noise:.1f} "
             "points (its Δ top-1 columns) are within noise. "
         )
+    elif same:  # the report's runs, a pair other than against ddp
+        text += f"These are the report's {base} and {other} runs, at {len(per)} seeds. "
     else:  # another configuration than the report's runs: its noise is its own
         text += "These runs are not the report's configuration: their spread is their own. "
     return text + "The inter-node bytes do not depend on the seed (identical at every seed above)."
@@ -271,8 +278,12 @@ class Seeds(study.Study):
         # which search result trained them: a study of another record is another configuration
         best = best_config(params()) if self.search_best else None
         # the committed run is trained with the search's values and without extra overrides:
-        # a study without those is another configuration, its gap not the same quantity
-        head = headline(HEADLINE, names[1]) if self.search_best and not self.extra else None
+        # a study without those is another configuration, its gap not the same quantity; and
+        # the report's gap is to ddp: a study of another pair has none to set beside it
+        runs = params()["experiments"]["runs"]
+        to_ddp = runs.get(names[0], {}).get("method") == "ddp"
+        same = self.search_best and not self.extra and to_ddp
+        head = headline(HEADLINE, names[1]) if same else None
         return dict(
             generated=study.stamp(),
             command=self.command,
@@ -296,7 +307,11 @@ class Seeds(study.Study):
 
     def sentence(self, data: dict[str, Any]) -> str:
         head = data.get("headline_diff_top1")
-        return verdict(data["summary"], head, data["baseline"], data["compared"])
+        same = bool(data.get("search_best_values")) and data.get("overrides_extra") == [
+            "seed=S",
+            "tracking.enabled=false",
+        ]
+        return verdict(data["summary"], head, data["baseline"], data["compared"], same)
 
     def page(self, data: dict[str, Any]) -> str:
         return markdown(data)

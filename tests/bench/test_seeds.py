@@ -75,3 +75,25 @@ def test_a_pair_other_than_ab_is_named_as_itself_and_says_how_it_was_trained(tmp
     assert "**with** the hyperparameter search's best values" in text
     assert "paired abps-2x2 − ddp-2x2 difference spans -3.00 to +0.50" in text
     assert "abps-2x2 is below ddp-2x2 at 2 of 3 seeds" in text
+
+
+def test_a_pair_without_ddp_sets_no_gap_to_ddp_beside_its_own(tmp_path: Path):
+    """A study of ab-2x2 against localsgd-ab-2x2 (the matched ablation) measures another
+    quantity than the report's gap to ddp: it names none, where a study against ddp does."""
+    fake_runs(tmp_path / "runs")
+    for seed in range(3):
+        (tmp_path / "runs" / f"ddp-2x2-s{seed}").rename(
+            tmp_path / "runs" / f"localsgd-ab-2x2-s{seed}"
+        )
+    against = {}
+    for base in ("ddp-2x2", "localsgd-ab-2x2"):
+        if base == "ddp-2x2":
+            fake_runs(tmp_path / "runs-ddp")
+        runs = tmp_path / ("runs-ddp" if base == "ddp-2x2" else "runs")
+        data = seeds.report((base, "ab-2x2"), (0, 1, 2), runs, tmp_path / base, "cmd", True)
+        against[base] = data["headline_diff_top1"]
+    assert against["localsgd-ab-2x2"] is None
+    text = (tmp_path / "localsgd-ab-2x2" / "README.md").read_text()
+    assert "The committed report's" not in text and "not the report's configuration" not in text
+    assert "These are the report's localsgd-ab-2x2 and ab-2x2 runs, at 3 seeds" in text
+    assert against["ddp-2x2"] is not None  # the committed table 2's ab-2x2 row
