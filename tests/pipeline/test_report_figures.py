@@ -31,13 +31,15 @@ def result(name: str, run: dict, reference: int, batch_size: int) -> dict:
     """A run's results/NAME.json as pipeline.train writes it; ab sends 40% of ddp's bytes."""
     world = run["nodes"] * run["ranks_per_node"]
     global_batch = batch_size * world if run["batch"] == "local" else reference
-    share = {"ddp": 1.0, "ab": 0.4, "ab_nogroups": 0.7, "powersgd": 0.1, "ab_powersgd": 0.09}[
-        run["method"]
-    ]
+    share = {
+        "ddp": 1.0, "ab": 0.4, "ab_nogroups": 0.7, "powersgd": 0.1, "ab_powersgd": 0.09,
+        "localsgd": 0.25, "diloco": 0.25,
+    }[run["method"]]  # fmt: skip
     steps, per_step = 100, 8e6 * share
-    top1 = {"ddp": 33.0, "ab": 30.5, "ab_nogroups": 31.0, "powersgd": 32.0, "ab_powersgd": 30.0}[
-        run["method"]
-    ]
+    top1 = {
+        "ddp": 33.0, "ab": 30.5, "ab_nogroups": 31.0, "powersgd": 32.0, "ab_powersgd": 30.0,
+        "localsgd": 32.5, "diloco": 30.7,
+    }[run["method"]]  # fmt: skip
     evals = [
         dict(step=s, val_top1=top1 - (100 - s) / 10, val_loss=2.0 - s / 1000,
              inter_node_bytes=per_step * s, samples=s * global_batch, epoch=s / 50)
@@ -117,6 +119,7 @@ def test_the_report_gives_absolute_top1_and_explains_its_odd_values(reported):
         row = next(line for line in md.splitlines() if line.startswith(f"| {name} |"))
         best = {"ddp": "33.00 | 33.00", "ab": "30.50 | 30.20", "abng": "31.00 | 30.70"}
         best.update(psgd="32.00 | 32.00", abps="30.00 | 29.70")
+        best.update(localsgd="32.50 | 32.50", diloco="30.70 | 30.70")
         assert f"| {best[name.split('-')[0]]} |" in row, row
     # Δ over seeds: the committed study made with the record's values (copied in above)
     d = json.loads((repo / "reports/seeds-best-ab/seeds.json").read_text())
@@ -171,9 +174,11 @@ def test_metrics_hold_each_runs_figures_and_its_ratio_to_its_ddp_run(reported):
             "vs_ddp",
             "top1_best_vs_ddp",
         }
-        want = {"ddp": 1.0, "ab": 0.4, "abng": 0.7, "psgd": 0.1, "abps": 0.09}[name.split("-")[0]]
+        want = {"ddp": 1.0, "ab": 0.4, "abng": 0.7, "psgd": 0.1, "abps": 0.09, "localsgd": 0.25}
+        want = {**want, "diloco": 0.25}[name.split("-")[0]]
         assert m["vs_ddp"] == pytest.approx(want)
-        base = ddp["ddp-" + name.split("-", 1)[1]]
+        scale = name.removeprefix("localsgd-ab-") if "-ab-" in name else name.split("-", 1)[1]
+        base = ddp["ddp-" + scale]
         assert m["top1_best_vs_ddp"] == pytest.approx(m["top1_best"] - base["top1_best"])
 
 
