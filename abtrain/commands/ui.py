@@ -56,7 +56,9 @@ def run(store_uri: str, port: int, host: str) -> int:
         env={**os.environ, **SERVER_ENV},
         start_new_session=True,  # its workers in one group, stopped together below
     )
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGINT too: a process started with it ignored (a background job, a test runner's
+    # worker) inherits that, and Ctrl-C would then leave the server running
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return server.wait()
     except KeyboardInterrupt:
@@ -64,7 +66,8 @@ def run(store_uri: str, port: int, host: str) -> int:
         print("[abtrain] MLflow UI stopped", flush=True)
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _interrupt(signum: int, frame: object) -> None:
