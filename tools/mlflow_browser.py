@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from abtrain.commands.ui import SERVER_ENV, server_command
+from abtrain.commands.ui import stop as ui_stop
 
 WINDOW = (1400, 900)  # a laptop's browser window: "the first screen"
 CHROMIUM_FLAGS = (
@@ -79,10 +80,8 @@ def mlflow_server(
 
 
 def stop(server: subprocess.Popen) -> None:
-    """Stop a server from `mlflow_server`, its workers with it."""
-    if server.poll() is None:
-        os.killpg(server.pid, 15)
-    server.wait(timeout=30)
+    """Stop a server from `mlflow_server`, its workers with it (as `abtrain ui` does)."""
+    ui_stop(server)
 
 
 def chromium() -> str | None:
