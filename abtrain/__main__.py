@@ -11,9 +11,9 @@ import sys
 from abtrain.commands import compare
 from abtrain.commands.check import run_check
 from abtrain.commands.cli import build_parser
-from abtrain.commands.localrun import die_with_parent
 from abtrain.commands.preflight import check_batch, refuse_model
 from abtrain.config import ConfigError, load, one_line
+from abtrain.lifetime import die_with_parent
 
 # abtrain.method.methods, .trainer and the data modules import torch: the commands that need them
 # import them where they do, so that `--help` and `compare` don't load torch.

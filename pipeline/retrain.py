@@ -22,9 +22,9 @@ import signal
 import subprocess
 import sys
 
-from abtrain.commands.localrun import die_with_parent
 from abtrain.config import ConfigError
 from abtrain.files import held, hold
+from abtrain.lifetime import die_with_parent
 from pipeline.matrix import runs
 from pipeline.stage import RUNS, move_aside, params, stage
 

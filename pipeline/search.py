@@ -28,9 +28,9 @@ from typing import Any
 import yaml
 
 from abtrain import config as abconfig
-from abtrain.commands.localrun import die_with_parent
 from abtrain.config import ConfigError
 from abtrain.files import atomic_write_text, read_record, read_record_rows
+from abtrain.lifetime import die_with_parent
 from pipeline.stage import RUNS, SEARCHES, covered, leaves, move_aside, params, parser, stage
 from search import record
 from search.launch import mpirun_command

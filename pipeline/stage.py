@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from abtrain import config as abconfig
-from abtrain.commands.localrun import die_with_parent
 from abtrain.config import one_line
 from abtrain.files import RecordError
+from abtrain.lifetime import die_with_parent
 from search import space
 
 PARAMS = Path("params.yaml")

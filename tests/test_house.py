@@ -23,6 +23,7 @@ FOLDERS = (
 # ledger, the method, the models, the data, MLflow, the predictions, a run, the commands.
 ROOMS = (
     "errors",
+    "lifetime",
     "modelspec",
     "files",
     "config",

@@ -17,8 +17,6 @@ signal. What the last checkpoint saved is kept; the run resumes from it.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import re
 import shutil
@@ -34,19 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from abtrain.commands.preflight import refusal
-
-
-def die_with_parent(sig: int) -> None:
-    """Linux: deliver `sig` to this process when the process that started it dies (prctl's
-    PR_SET_PDEATHSIG); elsewhere nothing. If that parent is already gone, exit now."""
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, int(sig), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # it died before the request took
-        os._exit(128 + int(sig))
+from abtrain.lifetime import die_with_parent
 
 
 def free_port() -> int:

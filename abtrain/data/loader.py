@@ -14,6 +14,7 @@ changes nothing.
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import Callable, Iterator
 
 import torch
@@ -23,6 +24,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from abtrain.data.sources import DataError
+from abtrain.lifetime import die_with_parent
 
 CROP_SCALE = (0.08, 1.0)  # RandomResizedCrop's defaults, as the paper uses them
 CROP_RATIO = (3 / 4, 4 / 3)
@@ -181,6 +183,10 @@ def _load(path: str, size: int, g: torch.Generator | None) -> Tensor:
 
 # ---------------------------------------------------------------- worker processes
 def _init_worker(worker_id: int) -> None:
+    # A rank killed outright leaves its workers to notice by themselves, which they do
+    # only between batches, and one whose queue's pipe is full never does: they would
+    # outlive the run, holding its log pipe open.
+    die_with_parent(signal.SIGKILL)
     # a worker decodes one image at a time; torch's intra-op threads would only compete
     # with the other workers and the training step for the cores
     torch.set_num_threads(1)

@@ -52,8 +52,12 @@ def start(cfg: Config, launch: Launch) -> tuple[str, torch.device]:
         device = torch.device("cuda", launch.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # `python -m abtrain train` started alone, not by torchrun: a world of one, whose
+        # store needs no address (env:// would stop on MASTER_ADDR in a traceback)
+        alone = launch.world_size == 1 and "MASTER_ADDR" not in os.environ
         dist.init_process_group(
             backend,
+            store=dist.HashStore() if alone else None,
             rank=launch.rank,
             world_size=launch.world_size,
             timeout=timedelta(seconds=cfg.dist.timeout_s),

@@ -191,8 +191,11 @@ def plain_model(
 ) -> torch.nn.Module:
     """The merged full-rank model as the model zoo builds it (plain Linear/Conv layers,
     no factors, no process groups), on the CPU."""
+    # the factory's own init only: the run's weights replace it at once (ortho_sigma's SVD of
+    # every weight took 9 s of a ViT-B/16 run's end)
+    bare = cfg.model_copy(update={"model": cfg.model.model_copy(update={"init": "default"})})
     with torch.random.fork_rng(devices=[]):  # build() seeds the global generator
-        plain = models.build(cfg, classes, features)
+        plain = models.build(bare, classes, features)
     factors = {f"{n}.{p}" for n in layers for p in ("a", "b")}
     state = {k: v.cpu() for k, v in model.state_dict().items() if k not in factors}
     plain.load_state_dict(state)

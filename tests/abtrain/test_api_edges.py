@@ -4,6 +4,7 @@ on one rank, a timm model named by its architecture alone, arguments timm refuse
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -237,3 +238,21 @@ def test_a_timm_model_named_by_its_architecture_alone_trains(tmp_path):
     assert s["steps"] == 12 and len(s["factorizations"]) == 2
     assert s["full_rank_layers"]["conv1"] == "first weight layer (default)"
     assert s["full_rank_layers"]["fc"] == "last weight layer (default)"
+
+
+# ---------------------------------------------------------------- no launcher
+def test_train_started_alone_without_torchrun_trains_as_a_world_of_one(tmp_path):
+    """`python -m abtrain train` typed on a laptop, no torchrun and no MASTER_ADDR: a DDP
+    run of one process, not a traceback about env:// rendezvous."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+    sets = [a for s in (*TINY, "method=ddp", "steps=12") for a in ("--set", s)]
+    cmd = [sys.executable, "-m", "abtrain", "train", "--config", str(PARAMS), *sets]
+    proc = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "run")], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary(tmp_path / "run")
+    assert s["steps"] == 12 and s["world_size"] == 1
+
+
+LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")

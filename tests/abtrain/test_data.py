@@ -1,11 +1,13 @@
 import hashlib
 import io
 import json
+import multiprocessing
 import os
 import pickle
 import pickletools
 import random
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -358,6 +360,48 @@ def test_train_batches_decode_in_worker_processes_ahead_of_the_consumer(tmp_path
     for pid in set(pids):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_rank_killed_outright_takes_its_busy_data_workers_with_it(tmp_path, monkeypatch):
+    """SIGKILL of the process reading the batches (a rank, as the OOM killer or a dead
+    torchrun ends it) while its workers decode: they end at once, not after their image."""
+    task = file_task(tmp_path)
+    log = tmp_path / "pids"
+    load = loader._load
+
+    def slow_load(path, size, g):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(120)  # a worker busy with its image when the rank dies
+        return load(path, size, g)
+
+    monkeypatch.setattr(datasets, "_load", slow_load)  # the forked rank and workers inherit it
+
+    def rank() -> None:
+        sampler = loader.StepSampler(len(task), 3, rank=0, world_size=1, seed=0)
+        next(task.train_batches(sampler, 0, 4))
+
+    proc = multiprocessing.get_context("fork").Process(target=rank)
+    proc.start()
+    deadline = time.monotonic() + 60
+    while not log.exists() or len(set(log.read_text().split())) < 2:
+        assert time.monotonic() < deadline and proc.is_alive(), "no two workers at work"
+        time.sleep(0.05)
+    workers = {int(p) for p in log.read_text().split()}
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    deadline = time.monotonic() + 10
+    while left := [w for w in workers if alive(w)]:
+        assert time.monotonic() < deadline, f"workers {left} outlived their rank"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie (a worker whose rank is gone is reaped by init, not at once)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 @pytest.mark.parametrize("kind", ["files", "cached"])
