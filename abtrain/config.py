@@ -421,6 +421,9 @@ class Config(MethodConfig):
     # authors' DistributedSampler kept 0 whatever their run's seed (docs/choices.md)
     data_seed: int | None
     eval_every: int = Field(gt=0)  # steps between evaluations (the per-epoch metrics)
+    # plain: cross-entropy; smoothed: the training's criterion (optim.label_smoothing), as
+    # the authors' validate scores it (the paper's validation losses)
+    val_loss: Literal["plain", "smoothed"]
     bf16: bool  # autocast the forward pass to bfloat16
     checkpoint_every: int = Field(ge=0)  # 0: only at the end
     keep_checkpoints: int = Field(ge=1)

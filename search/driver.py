@@ -119,13 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     objective.local_threads(world)
     t = search_base(raw, scfg).tracking
     worker_root = world.rank % scfg.ranks_per_worker == 0  # the only ranks that log
-    mlflow_runs = record.SearchRuns(t.uri, t.experiment, t.enabled and world.rank == 0)
+    # the searches' own experiment beside the runs': the matrix's page lists its runs only,
+    # and a search's shows its trials with their own figures
+    experiment = record.search_experiment(t.experiment)
+    mlflow_runs = record.SearchRuns(t.uri, experiment, t.enabled and world.rank == 0)
     world.Barrier()  # rank 0 has created the store: no concurrent schema migrations
     if world.rank != 0:
-        mlflow_runs = record.SearchRuns(t.uri, t.experiment, t.enabled and worker_root)
+        mlflow_runs = record.SearchRuns(t.uri, experiment, t.enabled and worker_root)
     if world.rank == 0:
+        # the ranks it ran on, not those params.yaml asked for (an mpirun -n of its own)
+        settings = {**scfg.model_dump(mode="json"), "ranks": world.size}
         state["parent"] = mlflow_runs.parent(
-            f"search-{scfg.backend}", scfg.model_dump(mode="json"), state.get("parent")
+            f"search-{scfg.backend}", settings, state.get("parent")
         )
         write_record(out / "search.json", state)
     state = world.bcast(state, root=0)

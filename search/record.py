@@ -220,6 +220,11 @@ def write_best(out: Path) -> dict[str, Any]:
     return result
 
 
+def search_experiment(runs_experiment: str) -> str:
+    """The MLflow experiment of the searches whose runs log to `runs_experiment`."""
+    return f"{runs_experiment}-search"
+
+
 class SearchRuns:
     """The search's MLflow runs: a parent for the search, a child for each individual or
     trial (`abtrain.tracking.nested`). Only worker roots call it; none of it is collective.

@@ -19,10 +19,13 @@ def evaluate(
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     device: torch.device,
     ledger: Ledger,
+    label_smoothing: float = 0.0,
 ) -> tuple[dict[str, float], torch.Tensor | None]:
     """(val_loss, val_top1, val_top5 over the world; this rank's first two inputs, the
-    logged model's example). In float32 whatever the training's precision, as the authors
-    validate: the number reported is the model's, not bfloat16's rounding of it."""
+    logged model's example). In float32 whatever the training's precision, autocast off
+    even where the caller has it on, as the authors validate: the number reported is the
+    model's, not bfloat16's rounding of it. The loss is cross-entropy with
+    `label_smoothing` (`val_loss: smoothed` passes the training's, as the authors score it)."""
     model.eval()
     example = None
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, n
@@ -30,9 +33,11 @@ def evaluate(
         if example is None:
             example = x[:2].float().cpu()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        logits = model(x).float()
+        with torch.autocast(device.type, enabled=False):
+            logits = model(x).float()
         top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
+        loss = F.cross_entropy(logits, y, reduction="sum", label_smoothing=label_smoothing)
+        sums[0] += loss.double()
         sums[1] += (top5[:, 0] == y).sum()
         sums[2] += (top5 == y[:, None]).any(1).sum()
         sums[3] += len(y)

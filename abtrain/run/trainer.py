@@ -268,7 +268,10 @@ class Trainer:
         t0 = process.clock(self.device)
         shard = self.task.val_batches(self.rank, self.world, 4 * self.cfg.batch_size)
         with self.ledger.during("eval"):
-            scores, example = evaluation.evaluate(self.model, shard, self.device, self.ledger)
+            smoothing = self.cfg.optim.label_smoothing if self.cfg.val_loss == "smoothed" else 0.0
+            scores, example = evaluation.evaluate(
+                self.model, shard, self.device, self.ledger, smoothing
+            )
         self.results.example = self.results.example if self.results.example is not None else example
         run = self.state
         result = evaluation.record(

@@ -194,3 +194,49 @@ def test_the_sizes_docs_choices_quotes():
     assert (s.float_buffers, s.float_buffer_bytes) == (106, 212_480)
     assert traffic.ring_inter(s.float_buffer_bytes, 4, 16) == 99_600
     assert round(2 * 15 / 16 * s.float_buffer_bytes) == 398_400
+
+
+# ---------------------------------------------------------------- validation
+@pytest.mark.multiprocess
+def test_a_bf16_run_is_validated_in_float32_with_the_criterion_val_loss_names(tmp_path):
+    """A run trained under bf16 autocast reports the loss and top-1 of its final model
+    evaluated in float32 (as the authors validate); `val_loss: smoothed` is the training's
+    label-smoothed cross-entropy (the authors'), `plain` without smoothing."""
+    import torch.nn.functional as F
+
+    from abtrain.data import datasets
+    from abtrain.models import build
+    from tests.helpers import launch, summary, tiny_config
+
+    sets = ("method=ddp", "steps=20", "eval_every=20", "bf16=true", "optim.label_smoothing=0.3")
+    reported = {}
+    for kind in ("smoothed", "plain"):
+        out = tmp_path / kind
+        proc = launch(out, *sets, f"val_loss={kind}", nnodes=1, nproc=1)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        reported[kind] = summary(out)["evals"][-1]
+    cfg = tiny_config(*sets)
+    task = datasets.make_task(cfg)
+    model = build(cfg, task.classes, task.features)
+    model.load_state_dict(torch.load(tmp_path / "plain" / "model.pt", weights_only=True))
+    model.eval()
+
+    def scored(smoothing: float, bf16: bool) -> tuple[float, float]:
+        loss = top1 = n = 0.0
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            for x, y in task.val_batches(0, 1, 4 * cfg.batch_size):
+                logits = model(x).float()
+                loss += F.cross_entropy(
+                    logits, y, reduction="sum", label_smoothing=smoothing
+                ).item()
+                top1 += (logits.argmax(1) == y).sum().item()
+                n += len(y)
+        return loss / n, 100 * top1 / n
+
+    plain, smoothed = scored(0.0, bf16=False), scored(0.3, bf16=False)
+    rounded = scored(0.0, bf16=True)[0]  # bf16's rounding of the same model's loss
+    gap = abs(reported["plain"]["val_loss"] - plain[0])
+    assert gap < abs(rounded - plain[0]) / 10, (gap, rounded, plain[0])
+    assert reported["smoothed"]["val_loss"] == pytest.approx(smoothed[0], rel=1e-6)
+    assert abs(smoothed[0] - plain[0]) > 1e-2  # the two criteria told apart
+    assert reported["plain"]["val_top1"] == plain[1] == reported["smoothed"]["val_top1"]

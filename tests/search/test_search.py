@@ -163,7 +163,7 @@ def test_search_is_killed_resumed_and_leaves_best_config_and_mlflow_runs(tmp_pat
     assert any(o.startswith("ab.warmup_steps=") for o in best["overrides"])
 
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
-    exp = client.get_experiment_by_name("abtrain")
+    exp = client.get_experiment_by_name("abtrain-search")
     parents = client.search_runs([exp.experiment_id], "tags.mlflow.parentRunId = ''") or [
         r
         for r in client.search_runs([exp.experiment_id])
