@@ -354,7 +354,7 @@ def add_decay(summary: list[dict[str, Any]], p: dict[str, Any], shape: tuple[int
 def figure(data: dict[str, Any], path: Path) -> None:
     """Four panels, two by two, legible at the page's width: Δ best top-1 against length
     (each method a little apart on x so the error bars don't overlap, each point's seeds
-    written beside it); bytes over DDP's against length; AB's compression and kept rank
+    written in its legend); bytes over DDP's against length; AB's compression and kept rank
     over each run (one panel; said in words where they are one constant); the time to the
     target over the links at the longest length (a method without a prediction named)."""
     from pipeline import style
@@ -375,26 +375,25 @@ def figure(data: dict[str, Any], path: Path) -> None:
             look.pop("zorder")
             xs = [e * 2 ** shift[m] for e, _ in pts]
             ys = [x["diff_top1"]["mean"] for _, x in pts]
+            # the seeds of each point in the legend, in the order of the lengths: written
+            # beside the points, the labels of the methods at one length covered each other
+            seeds = "/".join(str(x["diff_top1"]["n"]) for _, x in pts)
             delta.errorbar(
                 xs, ys, yerr=[x["diff_top1"]["sd"] or 0 for _, x in pts],
-                label=m, capsize=3, **look,
+                label=f"{m} (n = {seeds})", capsize=3, **look,
             )  # fmt: skip
-            for x, y, (_, d) in zip(xs, ys, pts):
-                delta.annotate(
-                    f"n={d['diff_top1']['n']}", (x, y), xytext=(5, -3),
-                    textcoords="offset points", fontsize=8, color=style.colour(m),
-                )  # fmt: skip
             sent.plot([e for e, _ in pts], [x["bytes_vs_ddp"] for _, x in pts], label=m, **look)
         delta.axhline(0, color="grey", lw=0.8)
         for a, title in (
-            (delta, "Δ best top-1 vs DDP (points; mean ± sd over n seeds)"),
+            (delta, "Δ best top-1 vs DDP (mean ± sd over n seeds per length)"),
             (sent, "inter-node bytes / DDP's"),
         ):
             a.set_xscale("log", base=2)
             a.set_xticks(lengths, [str(x) for x in lengths])
             a.set_xlabel("epochs")
             a.set_title(title)
-            a.legend()
+        delta.legend(loc="lower left")  # its points start at the top left, by the zero line
+        sent.legend()
         sent.set_ylim(0, None)
         first = {
             r["epochs"]: r for r in rows if r["method"] == "ab" and r["compression_over_steps"]

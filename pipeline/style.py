@@ -132,12 +132,24 @@ def handles(
     return out
 
 
-def vega_scales() -> dict[str, dict[str, list[str]]]:
-    """The Vega-Lite scales of the `method` field: colour and point shape, every method."""
+def vega_scales(methods: Iterable[str] = METHODS) -> dict[str, dict[str, list[str]]]:
+    """The Vega-Lite scales of the `method` field: colour and point shape of `methods`, in
+    the palette's order. A Vega-Lite legend lists its scale's whole domain: the curves'
+    templates take the methods the profiles' matrices run (`plotted_methods`), so the
+    legend names no method without a run."""
+    ms = ordered(methods)
     return dict(
-        color=dict(domain=list(METHODS), range=[COLOURS[m] for m in METHODS]),
-        shape=dict(domain=list(METHODS), range=[VEGA_SHAPES[MARKERS[m]] for m in METHODS]),
+        color=dict(domain=ms, range=[COLOURS[m] for m in ms]),
+        shape=dict(domain=ms, range=[VEGA_SHAPES[MARKERS[m]] for m in ms]),
     )
+
+
+def plotted_methods(*params: dict[str, Any]) -> list[str]:
+    """The methods the matrices of these params run (the default profile's and the paper's
+    share the curves' templates), in the palette's order."""
+    from pipeline.matrix import runs
+
+    return ordered({r.method for p in params for r in runs(p).values()})
 
 
 @contextmanager

@@ -189,7 +189,8 @@ def draw(data: dict[str, Any], path: Path) -> None:
                     [p["bytes_vs_ddp"] for p in seeded],
                     [p["best_top1"] for p in seeded],
                     yerr=[p["best_top1_sd"] for p in seeded],
-                    fmt="D", ms=6, color=colour, mec="black", capsize=3, lw=1.2,
+                    # a white edge: black rings mean "compresses" on this figure
+                    fmt="D", ms=6, color=colour, mec="white", mew=0.8, capsize=3, lw=1.2,
                 )  # fmt: skip
         for b in data["budgets"]:
             ax.axvline(b, color="grey", ls="--", lw=0.8)

@@ -144,7 +144,8 @@ def top1_panel(ax, panels: Panels, scheme: str) -> None:
 def compression_panel(ax, panels: Panels, scheme: str) -> None:
     """The compression at the end against the ranks, with the 1:1 line."""
     panels.method_lines(ax, scheme, lambda s: s["compression_ratio"], nested=True)
-    ax.axhline(1.0, color="k", lw=0.8, ls=":", zorder=1)
+    # above the method lines: DDP's thick nested line lies on 1:1 and would hide it
+    ax.axhline(1.0, color="k", lw=0.9, ls=":", zorder=3)
     ax.annotate(
         "1:1 (A and B as large as W)",
         (0.5, 1.0),

@@ -201,3 +201,22 @@ def test_a_killed_study_continues_and_reports_from_its_files(tmp_path):
     assert now["time_to_target"]["left_out"] == ["powersgd"]
     assert "Not in this table: powersgd" in (tmp_path / "reports/lengths/README.md").read_text()
     assert now["summary"][1]["methods"]["powersgd"]["diff_top1"]["n"] == 1
+
+
+def test_the_figure_gives_each_points_seeds_in_its_legend_not_over_the_markers(monkeypatch):
+    """At one length the methods' points sit close: the n's are in the legend, one per
+    length in order, and no text is written among the points."""
+    from bench import lengths
+    from pipeline import style
+
+    data = json.loads((ROOT / "reports" / "lengths" / "lengths.json").read_text())
+    drawn = []
+    monkeypatch.setattr(style, "save", lambda fig, path, **kw: drawn.append(fig))
+    lengths.figure(data, ROOT / "unused.png")
+    delta = drawn[0].axes[0]
+    assert not delta.texts
+    labels = [t.get_text() for t in delta.get_legend().get_texts()]
+    for s in data["summary"][:1]:
+        for m in (m for m in s["methods"] if m != "ddp"):
+            ns = [str(x["methods"][m]["diff_top1"]["n"]) for x in data["summary"]]
+            assert f"{m} (n = {'/'.join(ns)})" in labels

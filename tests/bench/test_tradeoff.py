@@ -152,3 +152,32 @@ def test_the_study_searches_both_backends_resumes_and_reports_fronts_from_its_fi
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == pid]
     assert len(children) == len(points)
     assert "tradeoff.png" in {a.path for a in client.list_artifacts(pid)}
+
+
+def test_the_figure_rings_in_black_only_the_points_that_compress(tmp_path, monkeypatch):
+    """Black means "compresses" on the figure: the committed points drawn, the artists with
+    a black edge hold exactly the points whose compression is over 1:1 (the seed diamonds'
+    edges are white)."""
+    import matplotlib.colors as mcolors
+
+    from bench.tradeoff import page
+    from pipeline import style
+
+    data = json.loads((ROOT / "reports" / "tradeoff" / "points.json").read_text())
+    drawn = []
+    monkeypatch.setattr(style, "save", lambda fig, path, **kw: drawn.append(fig))
+    page.draw(data, tmp_path / "t.png")
+    (ax,) = drawn[0].axes
+
+    def black(colour) -> bool:
+        rgba = mcolors.to_rgba_array(colour)
+        return len(rgba) > 0 and all(tuple(c[:3]) == (0.0, 0.0, 0.0) for c in rgba)
+
+    ringed = set()
+    for c in ax.collections:
+        if len(c.get_offsets()) and black(c.get_edgecolor()):
+            ringed |= {tuple(map(float, xy)) for xy in c.get_offsets()}
+    want = {(p["bytes_vs_ddp"], p["best_top1"]) for p in data["points"] if p["compression"] > 1}
+    assert want and ringed == want
+    markers = [ln for ln in ax.lines if ln.get_marker() == "D"]
+    assert markers and not any(black(ln.get_markeredgecolor()) for ln in markers)

@@ -247,7 +247,13 @@ def test_every_method_has_one_colour_and_one_marker_in_every_figure():
     assert set(style.METHODS) == set(get_args(Method))
     assert len(set(style.COLOURS.values())) == len(style.METHODS)
     assert len(set(style.MARKERS.values())) == len(style.METHODS)
-    scales = style.vega_scales()
+    # the templates' legends: the methods the profiles' matrices run, none without a run
+    profiles = [
+        yaml.safe_load((ROOT / f).read_text()) for f in ("params.yaml", "profiles/paper.yaml")
+    ]
+    plotted = style.plotted_methods(*profiles)
+    assert "ab_individual" not in plotted and {"ddp", "ab", "localsgd", "diloco"} <= set(plotted)
+    scales = style.vega_scales(plotted)
     for name in ("curves_template.json", "curves_template_logx.json"):
         template = json.loads((ROOT / "pipeline" / name).read_text())
         assert template["spec"]["encoding"]["color"]["scale"] == scales["color"]
@@ -390,3 +396,28 @@ def test_a_stack_of_names_is_centred_on_the_ends_it_labels():
     assert spread_apart([20.0, 30.0], 0.5) == [20.0, 30.0]  # apart already: where they end
     merged = spread_apart([29.0, 30.0, 30.1], 0.6)  # a stack that then overlaps its neighbour
     assert all(b - a >= 0.6 - 1e-9 for a, b in zip(merged, merged[1:]))
+
+
+def test_the_dotted_one_to_one_line_is_drawn_over_the_compression_lines(tmp_path, monkeypatch):
+    """The caption names the dotted 1:1 line; DDP's thick nested line lies on it: the
+    committed runs drawn, the 1:1 line is above every method's line in each panel."""
+    from pipeline.report import figures
+
+    p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    done = {
+        name: json.loads((ROOT / "results" / f"{name}.json").read_text())
+        for name in p["experiments"]["runs"]
+        if (ROOT / "results" / f"{name}.json").exists()
+    }
+    drawn = {}
+    monkeypatch.setattr(figures, "FIGURES", tmp_path)
+    monkeypatch.setattr(style, "save", lambda fig, path, **kw: drawn.setdefault(path.name, fig))
+    figures.figures(done, p)
+    fig = drawn["accuracy_compression_vs_ranks.png"]
+    compression = [ax for ax in fig.axes if "compression" in ax.get_ylabel()]
+    assert len(compression) == 2
+    for ax in compression:
+        ones = [ln for ln in ax.lines if ln.get_linestyle() == ":" and set(ln.get_ydata()) == {1}]
+        methods = [ln for ln in ax.lines if ln.get_label() in style.METHODS]
+        assert len(ones) == 1 and methods
+        assert ones[0].get_zorder() > max(ln.get_zorder() for ln in methods)
