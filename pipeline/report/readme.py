@@ -63,16 +63,16 @@ def headline(
             f"same settings (`reports/search-reruns/`"
             + ("" if tables.same_model(d, p) else f", made with {tables.EARLIER_MODEL}")
             + ") chose "
-            + (f"{learning_rates(lr)} and " if lr else "")
+            + (f"{learning_rates(lr)}\nand " if lr else "")
             + f"gave an {d['runs'][1]} − {d['runs'][0]} gap of {gap['min']:+.2f} to "
             f"{gap['max']:+.2f} points (sd {gap['std']:.2f}) and a bytes ratio of "
-            f"{ratio['min']:.3f} to {ratio['max']:.3f}. The runs train from the committed "
+            f"{ratio['min']:.3f} to {ratio['max']:.3f}.\nThe runs train from the committed "
             f"record of one search (`results/search/{p['search']['backend']}/`), so a fresh "
-            "clone's `dvc repro` gives back every byte count and compression exactly, and "
+            "clone's `dvc repro` gives back every byte count and compression exactly,\nand "
             "every top-1 exactly on a machine like the one that made them (elsewhere within "
-            "the tolerance `python -m pipeline.reproduce` states, docs/reproduce.md); "
+            "the tolerance `python -m pipeline.reproduce` states, docs/reproduce.md);\n"
             f"`dvc repro --force --downstream search@{p['search']['backend']}` reruns it."
-        )
+        )  # a line a clause: the README's source is read as it is shown
     glance = REPORTS / "figures" / "verdict.png"  # figures.verdict_figure, drawn before this
     if top and glance.exists():
         top = [*top, "", f"![the verdict at a glance]({glance.as_posix()})"]

@@ -75,7 +75,14 @@ def lead_text(shape: dict[str, Any], method: str) -> str:
     return " and ".join(parts) if parts else "never"
 
 
-def ties(shapes: list[dict[str, Any]]) -> str:
+def race(shape: dict[str, Any] | None, method: str) -> str:
+    """The table's cell: where `method` is first, or that the benchmark did not run it."""
+    if shape is None:
+        return DASH
+    return lead_text(shape, method) if method in shape["methods"] else "not benchmarked"
+
+
+def ties(shapes: list[dict[str, Any]]) -> list[str]:
     """Where the measured first is not the model's: by how much it was ahead, which the
     model's error covers (abtrain.predict.timing.MODEL_ERROR)."""
     from abtrain.predict.timing import MODEL_ERROR
@@ -92,7 +99,7 @@ def ties(shapes: list[dict[str, Any]]) -> str:
                 f"{NAMES.get(m['fastest'], m['fastest'])} was measured first at {m['rate']} on "
                 f"{shape_name(s)}, {gap:.1%} ahead, {near} the model's {MODEL_ERROR:.0%} error"
             )
-    return ("; " + "; ".join(said)) if said else ""
+    return said
 
 
 def shape_name(s: dict[str, Any]) -> str:
@@ -126,12 +133,12 @@ def verdict(
     text = [f"**Verdict: {head_of(ab_first, bool(shapes), below)}**", ""]
     tradeoff = tables.tradeoff_study(p)
     if tradeoff:  # the question a researcher asks first: what a byte budget buys
-        text.append(tradeoff_line(tradeoff["verdict"]))
+        text += tradeoff_line(tradeoff["verdict"])
     text += bytes_and_accuracy(ab_t1, study, own)
     text += factorisation(p, acc, t1, studies)
     lengths = tables.lengths_study(p)
     if lengths:  # is the gap the method or the short training?
-        text.append(lengths_line(lengths["verdict"]))
+        text += lengths_line(lengths["verdict"])
     if shapes:
         text += first_to_target(shapes, ab_first)
     text += against_the_paper(paper, ab_t1, gb_per_s)
@@ -233,12 +240,13 @@ def factorisation(
         else:
             diff = top1[ab] - top1[local]
             gap = f"{abs(diff):.2f} points {'below' if diff < 0 else 'above'} local SGD's (1 seed)"
-        lines.append(
-            f"- What the factorisation adds: against local SGD on AB's own schedule "
-            f"({local}: the same phases, rebounds, LR restarts and search values, the full "
-            f"model trained in each node), {ab}'s best top-1 is {gap}, and it sends "
-            f"{ratio[ab] / ratio[local]:.2f}× local SGD's inter-node bytes."
-        )
+        lines += [
+            f"- What the factorisation adds, against local SGD on AB's own schedule ({local}: "
+            f"the same phases, rebounds, LR restarts and search values; the full model "
+            f"trained in each node):",
+            f"  - {ab}'s best top-1 is {gap};",
+            f"  - it sends {ratio[ab] / ratio[local]:.2f}× local SGD's inter-node bytes.",
+        ]
     return lines
 
 
@@ -257,7 +265,6 @@ def firsts(s: dict[str, Any]) -> str:
 def first_to_target(shapes: list[dict[str, Any]], ab_first: bool) -> list[str]:
     """The network benchmark's lines: whether AB is ever first, and who is where."""
     main = shapes[0]
-    others = "".join(f"; {shape_name(s)}: {firsts(s)}" for s in shapes[1:])
     against = [s for s in shapes if s.get("ab_ahead_of_ddp_below")]
     ahead = (
         "; against DDP alone, the paper's only baseline, it is first below "
@@ -265,14 +272,19 @@ def first_to_target(shapes: list[dict[str, Any]], ab_first: bool) -> list[str]:
         if against
         else ""
     )
+    measured = ties(shapes)
     return [
         f"- It is never first to the target accuracy at any emulated link rate from "
         f"{mbit(main['grid'][0])} to {mbit(main['grid'][1])} (of {len(main['methods'])} "
         f"methods){ahead}."
         if not ab_first
         else "- It is first to the target accuracy on some emulated links only.",
-        f"- {firsts(main)} ({main['nodes']} nodes × {main['ranks_per_node']} ranks{others}; "
-        f"the time model's ranking{ties(shapes)}).",
+        "- First to the target, the time model's ranking (nodes × ranks per node):",
+        *(
+            f"  - {shape_name(s)}: {firsts(s)}" + (";" if i < len(shapes) - 1 or measured else ".")
+            for i, s in enumerate(shapes)
+        ),
+        *(f"  - {x}{'.' if i == len(measured) - 1 else ';'}" for i, x in enumerate(measured)),
     ]
 
 
@@ -330,7 +342,7 @@ def how_first_to_target(p: dict[str, Any], shapes: list[dict[str, Any]]) -> str:
             f"{len(s['measured'])} link rate{'s' * (len(s['measured']) > 1)} on {shape_name(s)}"
             for s in shapes
         )
-        + f". Between them the time model (`abtrain.predict.timing.ToTarget`, as `abtrain plan` uses "
+        + f".\nBetween them the time model (`abtrain.predict.timing.ToTarget`, as `abtrain plan` uses "
         f"it) names the measured fastest at {agree} of those {len(checked)}"
         + ("." if main["model"] == p["train"]["model"] else f", made with {tables.EARLIER_MODEL}.")
     )
@@ -343,14 +355,18 @@ def verdict_table(
     studies: list[dict[str, Any]],
     shape: dict[str, Any] | None,
 ) -> tuple[list[str], list[str]]:
-    """A row per method of the network benchmark that the matrix has (ab and ddp at least):
+    """A row per method of the matrix (ab and ddp at least):
     its bytes over DDP's, its Δ best top-1 (the mean ± sd of a seed study made with the
     runs' own values where there is one, else the matrix's single seeds) and where it is
     first to the target; and the note naming the seed studies made with other search values,
     which the table never uses."""
-    here = {r["method"] for r in acc}
-    shown = (set(shape["methods"]) & here if shape else set()) | {"ab", "ddp"}
-    order = ["ab", "powersgd", "ab_powersgd", "ab_nogroups"]
+    # every method of the matrix; a matched run (local SGD on AB's schedule) is its pair's
+    # line above, not its method's row
+    matched = set(matched_runs(p).values())
+    acc = [r for r in acc if r["run"] not in matched]
+    t1 = [r for r in t1 if r["run"] not in matched]
+    shown = {r["method"] for r in acc} | {"ab", "ddp"}
+    order = ["ab", "powersgd", "ab_powersgd", "ab_nogroups", "localsgd", "diloco"]
     head = [
         "method",
         "inter-node bytes vs DDP",
@@ -383,9 +399,7 @@ def verdict_table(
                 if s["searched"] and not (s["same_values"] and s["same_model"])
             ]
         ratio = span([r["ratio_to_ddp"] for r in rows], ".3f") if rows else DASH
-        body.append(
-            [f"{NAMES.get(m, m)} (`{m}`)", ratio, diff, lead_text(shape, m) if shape else DASH]
-        )
+        body.append([f"{NAMES.get(m, m)} (`{m}`)", ratio, diff, race(shape, m)])
     notes = []
     if apart:
         notes.append(
@@ -417,11 +431,38 @@ def verdict_section(
     ]
 
 
-def tradeoff_line(sentence: str) -> str:
-    """The trade-off study's sentence (bench.tradeoff.page.verdict) as a line of the verdict."""
-    return f"- Accuracy against bytes (`reports/tradeoff/`): {sentence[0].lower()}{sentence[1:]}"
+def tradeoff_line(sentence: str) -> list[str]:
+    """The trade-off study's sentence (bench.tradeoff.page.verdict) as lines of the verdict:
+    "In N-step runs: A; B; C." is a head and a line per budget."""
+    lead, _, rest = sentence.partition(": ")
+    if not rest:
+        return [f"- Accuracy against bytes (`reports/tradeoff/`): {lower_first(sentence)}"]
+    clauses = top_level(rest.rstrip("."), "; ")
+    return [
+        f"- Accuracy against bytes (`reports/tradeoff/`), {lower_first(lead)}:",
+        *(f"  - {c}{'.' if i == len(clauses) - 1 else ';'}" for i, c in enumerate(clauses)),
+    ]
 
 
-def lengths_line(sentence: str) -> str:
-    """The length study's sentence (bench.lengths.verdict) as a line of the verdict."""
-    return f"- Over training length (`reports/lengths/`): {sentence[0].lower()}{sentence[1:]}"
+def lengths_line(sentence: str) -> list[str]:
+    """The length study's sentences (bench.lengths.verdict) as lines of the verdict: a head
+    and a line per sentence."""
+    parts = [x if x.endswith(".") else x + "." for x in sentence.split(". ")]
+    if len(parts) == 1:
+        return [f"- Over training length (`reports/lengths/`): {lower_first(sentence)}"]
+    return ["- Over training length (`reports/lengths/`):", *(f"  - {x}" for x in parts)]
+
+
+def top_level(text: str, sep: str) -> list[str]:
+    """`text` split at each `sep` outside parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and text.startswith(sep, i):
+            parts.append(text[start:i])
+            start = i + len(sep)
+    return [*parts, text[start:]]
+
+
+def lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]

@@ -12,6 +12,9 @@ def test_the_readme_opening_is_the_reports_headline():
     assert readme.count(begin) == 1 and readme.count(end) == 1
     block = readme.split(begin, 1)[1].split(end, 1)[0]
     assert block == (ROOT / "reports" / "headline.md").read_text()
+    # read as it is shown: a claim a line, none a wall of text (the table's rows aside)
+    long = [x for x in block.splitlines() if len(x) > 280 and not x.startswith("|")]
+    assert not long, long
 
 
 def test_the_readme_is_a_front_door():

@@ -251,6 +251,16 @@ def test_the_committed_verdict_is_the_matching_seed_studys(monkeypatch):
     # the benchmark's columns are made with the runs' own values, and the verdict says so
     whole = "\n".join(verdict(p, acc, t1, json.loads(tables.PAPER.read_text()), studies))
     assert "made with the values of the matrix's 2 × 2 runs" in whole
+    # a row for each method of the matrix; one the benchmark did not run is said so; the
+    # matched local SGD run is its pair's line, not part of local SGD's row
+    rows = {x.split(" | ")[0].split("`")[1]: x for x in whole.splitlines() if x.startswith("| ")
+            and "`" in x.split(" | ")[0]}  # fmt: skip
+    assert set(rows) == {r["method"] for r in acc}
+    (shape, *_) = tables.first_to_target(p=p)
+    for m, row in rows.items():
+        assert row.endswith("| not benchmarked |") == (m not in shape["methods"]), row
+    local = [r["ratio_to_ddp"] for r in t1 if r["method"] == "localsgd" and "-ab-" not in r["run"]]
+    assert rows["localsgd"].split(" | ")[1] == f"{local[0]:.3f}"
 
 
 def test_the_verdict_is_short_sentences_and_names_the_benchmarks_values(here):
@@ -272,6 +282,11 @@ def test_the_verdict_says_what_the_length_study_found_when_made_with_the_runs_mo
     text = verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
     line = "- Over training length (`reports/lengths/`): from 1 to 16 epochs AB's gap to DDP"
     assert line + " narrows (-3.00 ± 0.50 to -1.00 ± 0.40 points)." in text.splitlines()
+    two = said + " At 16 epochs AB does not compress."  # a line a sentence, under a head
+    path.write_text(json.dumps(dict(model=MODEL, verdict=two)))
+    lines = verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0].splitlines()
+    at = lines.index("- Over training length (`reports/lengths/`):")
+    assert lines[at + 1 : at + 3] == [f"  - {said}", "  - At 16 epochs AB does not compress."]
     path.write_text(json.dumps(dict(model=None, verdict=said)))
     assert "reports/lengths" not in verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
 
@@ -281,14 +296,20 @@ def test_the_trade_off_studys_sentence_leads_the_verdict(here):
     line under the verdict's head; a study of another model is not there."""
     path = tables.REPORTS / "tradeoff" / "points.json"
     path.parent.mkdir(parents=True)
-    said = "In 160-step runs: at ≤ 40% of DDP's inter-node bytes the best top-1 is 30.00%."
+    said = (
+        "In 160-step runs: at ≤ 10% of DDP's inter-node bytes the best top-1 is 29.00% (lr "
+        "0.001; 5% of the bytes); at ≤ 40% of DDP's inter-node bytes the best top-1 is 30.00%."
+    )
     path.write_text(json.dumps(dict(model=MODEL, verdict=said)))
     lines = verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0].splitlines()
-    bullets = [x for x in lines if x.startswith("- ")]
-    assert bullets[0] == (
-        "- Accuracy against bytes (`reports/tradeoff/`): in 160-step runs: at ≤ 40% of DDP's "
-        "inter-node bytes the best top-1 is 30.00%."
-    )
+    first = next(i for i, x in enumerate(lines) if x.startswith("- "))
+    # a head, then a line per budget (a semicolon inside parentheses splits nothing)
+    assert lines[first : first + 3] == [
+        "- Accuracy against bytes (`reports/tradeoff/`), in 160-step runs:",
+        "  - at ≤ 10% of DDP's inter-node bytes the best top-1 is 29.00% (lr 0.001; 5% of the "
+        "bytes);",
+        "  - at ≤ 40% of DDP's inter-node bytes the best top-1 is 30.00%.",
+    ]
     path.write_text(json.dumps(dict(model=None, verdict=said)))
     assert "reports/tradeoff" not in verdict(P, ACC, T1, PAPER, tables.seed_studies(P))[0]
 
@@ -335,10 +356,10 @@ def test_the_verdict_says_what_the_factorisation_adds_from_the_matched_runs():
     assert verdict.matched_runs(p) == {"ab-2x2": "localsgd-ab-2x2"}
     acc = [{"run": "ab-2x2", "best_top1": 30.0}, {"run": "localsgd-ab-2x2", "best_top1": 32.5}]
     t1 = [{"run": "ab-2x2", "ratio_to_ddp": 0.4}, {"run": "localsgd-ab-2x2", "ratio_to_ddp": 0.5}]
-    (line,) = verdict.factorisation(p, acc, t1, [])
-    assert (
-        "ab-2x2's best top-1 is 2.50 points below local SGD's (1 seed), and it sends 0.80×" in line
-    )
+    head, gap, sent = verdict.factorisation(p, acc, t1, [])
+    assert head.startswith("- What the factorisation adds") and "(localsgd-ab-2x2:" in head
+    assert gap == "  - ab-2x2's best top-1 is 2.50 points below local SGD's (1 seed);"
+    assert sent == "  - it sends 0.80× local SGD's inter-node bytes."
     per_seed = {"0": -2.0, "1": -3.0}
     study = {
         "extra": [],
@@ -356,8 +377,8 @@ def test_the_verdict_says_what_the_factorisation_adds_from_the_matched_runs():
             },
         },
     }
-    (line,) = verdict.factorisation(p, acc, t1, [study])
+    _, gap, _ = verdict.factorisation(p, acc, t1, [study])
     assert (
         "2.50 ± 0.71 points below local SGD's (2 seeds: -2.00, -3.00; `reports/seeds-matched/`)"
-        in line
+        in gap
     )
