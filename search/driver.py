@@ -71,12 +71,13 @@ def validate(args: argparse.Namespace, world_size: int) -> tuple[dict, space.Sea
 
 
 def identity(raw: dict[str, Any], scfg: space.SearchConfig, world_size: int) -> dict[str, Any]:
-    """What a resume must match: the budget may grow, the rest would mix two searches."""
+    """What a resume must match: the budget may grow (and Optuna's random start with it,
+    which only moves where TPE begins), the rest would mix two searches."""
     return dict(
         backend=scfg.backend,
         world_size=world_size,
         ranks_per_worker=scfg.ranks_per_worker,
-        search=scfg.model_dump(mode="json", exclude={"evaluations"}),
+        search=scfg.model_dump(mode="json", exclude=set(record.MAY_GROW)),
         train=raw["train"],
     )
 

@@ -24,10 +24,19 @@ class SearchError(RuntimeError):
     pass
 
 
+# the search settings a resume may change: the budget, and with it Optuna's random start
+# (it only moves where TPE begins); a search.json written before they were left out of
+# the identity still holds them
+MAY_GROW = ("evaluations", "startup_trials")
+
+
 def settings_differ(saved: dict[str, Any], state: dict[str, Any]) -> list[str]:
     """Dotted keys of `state` that the saved search.json holds otherwise (or not at all)."""
     state = json.loads(json.dumps(state))  # compare as it will read back from disk
-    return diff_keys({k: saved.get(k) for k in state}, state)
+    old = {k: saved.get(k) for k in state}
+    if isinstance(old.get("search"), dict):
+        old["search"] = {k: v for k, v in old["search"].items() if k not in MAY_GROW}
+    return diff_keys(old, state)
 
 
 def open_search(out: Path, state: dict[str, Any], resume: bool) -> dict[str, Any]:

@@ -13,12 +13,13 @@ from typing import Any
 import yaml
 
 from abtrain import config as abconfig
-from abtrain.files import atomic_write_text, read_record, write_record
+from abtrain.files import atomic_write_text, read_record, read_record_rows, write_record
 from bench import study
 from bench import tradeoff as package
 from bench.study import Run
-from bench.tradeoff.fronts import best_within, finish, key_of, points_of
-from bench.tradeoff.page import draw, page, verdict
+from bench.tradeoff import state
+from bench.tradeoff.fronts import candidates, finish, key_of, points_of, search_progress
+from bench.tradeoff.page import PROGRESS_FIGURE, draw, draw_progress, page, verdict
 from bench.tradeoff.settings import (
     OUT,
     RUNS_DIR,
@@ -67,24 +68,43 @@ class Tradeoff(study.Study):
                         seconds=study.LAUNCH_SECONDS + rounds * unit,
                         done="best.json",
                         launch=self._search(m, backend, budget),
-                        info=dict(kind="search"),
+                        info=dict(kind="search", evaluations=n),
                     )
                 )
+        ranks_per_node = p["search"]["ranks_per_worker"] // t.nodes
         for m in t.methods:
-            budgets = [1.0] if m == "ddp" else list(t.budgets)
-            for b in budgets:
-                for seed in range(1, t.seeds):
-                    out.append(
-                        Run(
-                            name=f"{m}'s best within {b:g} of DDP's bytes, seed +{seed}",
-                            folder=self.runs_dir / "seeds" / f"{m}-b{b:g}-s{seed}",
-                            nodes=t.nodes,
-                            ranks_per_node=p["search"]["ranks_per_worker"] // t.nodes,
-                            seconds=study.LAUNCH_SECONDS + unit / 2,
-                            launch=self._seed(m, b, seed),
-                            info=dict(kind="seed", method=m, budget=b, seed=seed),
+            for b in [1.0] if m == "ddp" else list(t.budgets):
+                for k in range(t.front_points):
+                    for seed in range(1, t.seeds + 1):  # seeds other than the search's own
+                        out.append(
+                            Run(
+                                name=f"{m}'s front point {k + 1} within {b:g} of DDP's "
+                                f"bytes, seed +{seed}",
+                                folder=self.runs_dir / "seeds" / f"{m}-b{b:g}-p{k}-s{seed}",
+                                nodes=t.nodes,
+                                ranks_per_node=ranks_per_node,
+                                seconds=study.LAUNCH_SECONDS + unit / 2,
+                                launch=self._seed(m, b, k, seed),
+                                info=dict(kind="seed", method=m, budget=b, seed=seed),
+                            )
                         )
-                    )
+        if t.long_steps:
+            scale = t.long_steps / self._steps()
+            for m in t.methods:
+                for b in [1.0] if m == "ddp" else list(t.budgets):
+                    for seed in range(1, t.seeds + 1):
+                        out.append(
+                            Run(
+                                name=f"{m}'s chosen point within {b:g} of DDP's bytes at "
+                                f"{t.long_steps} steps, seed +{seed}",
+                                folder=self.runs_dir / "long" / f"{m}-b{b:g}-s{seed}",
+                                nodes=t.nodes,
+                                ranks_per_node=ranks_per_node,
+                                seconds=study.LAUNCH_SECONDS + scale * unit / 2,
+                                launch=self._long(m, b, seed),
+                                info=dict(kind="long", method=m, budget=b, seed=seed),
+                            )
+                        )
         return out
 
     def _search(self, method: str, backend: str, budget: float | None):
@@ -99,45 +119,81 @@ class Tradeoff(study.Study):
             args = ["--config", str(config), "--out", str(run.folder)]
             if (run.folder / "search.json").exists():
                 args.append("--resume")
-            if run_mpirun(self.t.ranks, args):
+            try:
+                failed = run_mpirun(self.t.ranks, args)
+            finally:  # what it evaluated is kept, a killed search's too
+                state.save(self.runs_dir, self.out / "state")
+            if failed:
                 raise SystemExit(f"[bench.tradeoff] error: the search in {run.folder} failed")
 
         return launch
 
-    def _seed(self, method: str, budget: float, seed: int):
+    def _seed(self, method: str, budget: float, k: int, seed: int):
         def launch(run: Run) -> None:
-            points = self._points()
-            best = best_within(points, method, budget)
-            if best is None:  # no point of the method within the budget: nothing to seed
-                run.folder.mkdir(parents=True, exist_ok=True)
-                write_record(run.folder / "point.json", dict(point=None), indent=None)
-                atomic_write_text(run.folder / run.done, "{}\n")
-                return
-            point = dict(point=key_of(best), search=best["search"], id=best["id"])
-            same = [
-                f
-                for f in (self.runs_dir / "seeds").glob(f"{method}-b*-s{seed}")
-                if (f / run.done).exists()
-                and f != run.folder
-                and json.loads((f / "point.json").read_text()).get("point") == point["point"]
-            ]
-            if same:  # the same point at another budget: trained once
-                shutil.rmtree(run.folder, ignore_errors=True)
-                shutil.copytree(same[0], run.folder)
-                return
-            base = self.p["train"]["seed"]
-            run.sets = [
-                *self.t.train,
-                f"method={method}",
-                *best["overrides"],
-                f"seed={base + seed}",
-                "tracking.enabled=false",
-            ]
-            run.folder.mkdir(parents=True, exist_ok=True)
-            write_record(run.folder / "point.json", point, indent=None)
-            study.start(run)
+            chosen = candidates(self._points(), method, budget, self.t.front_points)
+            point = chosen[k] if k < len(chosen) else None
+            self._train_point(run, "seeds", point, seed, [])
 
         return launch
+
+    def _long(self, method: str, budget: float, seed: int):
+        def launch(run: Run) -> None:
+            point = self._chosen(method, budget)
+            self._train_point(run, "long", point, seed, [f"steps={self.t.long_steps}"])
+
+        return launch
+
+    def _train_point(
+        self, run: Run, kind: str, point: dict[str, Any] | None, seed: int, more: list[str]
+    ) -> None:
+        """Train `point` at the seed `seed` after the search's (its `more` overrides last);
+        none to train (a method without a point there) is recorded as such, and a point
+        already trained at this seed for another budget is copied, not trained again."""
+        if point is None:
+            run.folder.mkdir(parents=True, exist_ok=True)
+            write_record(run.folder / "point.json", dict(point=None), indent=None)
+            atomic_write_text(run.folder / run.done, "{}\n")
+            return
+        said = dict(point=key_of(point), search=point["search"], id=point["id"])
+        same = [
+            f
+            for f in (self.runs_dir / kind).glob(f"{point['method']}-b*-s{seed}")
+            if (f / run.done).exists()
+            and f != run.folder
+            and json.loads((f / "point.json").read_text()).get("point") == said["point"]
+        ]
+        if same:
+            shutil.rmtree(run.folder, ignore_errors=True)
+            shutil.copytree(same[0], run.folder)
+            return
+        base = self.p["train"]["seed"]
+        run.sets = [
+            *self.t.train,
+            f"method={point['method']}",
+            *point["overrides"],
+            f"seed={base + seed}",
+            "tracking.enabled=false",
+            *more,
+        ]
+        run.folder.mkdir(parents=True, exist_ok=True)
+        write_record(run.folder / "point.json", said, indent=None)
+        study.start(run)
+        state.save(self.runs_dir, self.out / "state")
+
+    def _chosen(self, method: str, budget: float) -> dict[str, Any] | None:
+        """The method's point within the budget that the verdict names: of its front points
+        trained again, the best by those seeds' mean."""
+        points = self._scored(self.runs())
+        mine = [p for p in points if p["method"] == method and budget in p.get("chosen_at", [])]
+        return max(mine, key=lambda p: p["best_top1"], default=None)
+
+    def found(self, run: Run) -> str | None:
+        """A search is finished when it has its best and as many rows as its budget now
+        asks: one given more evaluations goes on from its state, training only those."""
+        if run["kind"] != "search" or not run.finished:
+            return super().found(run)
+        rows = read_record_rows(run.folder / "evaluations.jsonl")
+        return str(run.folder) if len(rows) >= run["evaluations"] else None
 
     def _points(self) -> list[dict[str, Any]]:
         pts = points_of(self.runs_dir, self.t)
@@ -158,34 +214,47 @@ class Tradeoff(study.Study):
         return abconfig.from_dict(self.p["train"], list(self.t.train)).steps
 
     # ------------------------------------------------------------ the record
-    def aggregate(self, runs: list[Run]) -> dict[str, Any]:
-        t = self.t
-        points = points_of(self.runs_dir, t)
+    def _scored(self, runs: list[Run]) -> list[dict[str, Any]]:
+        """Every configuration the searches found (one row for a point two searches both
+        found), with the top-1 of its runs at other seeds (`top1` after the search's own,
+        `chosen_at`: the budgets it was a candidate at) and at `long_steps` (`long_top1`)."""
         by_key = {}
-        for p in points:  # a point two searches both found is one configuration
+        for p in points_of(self.runs_dir, self.t):
             by_key.setdefault(key_of(p), p)
-        points = list(by_key.values())
         for r in runs:
-            if r["kind"] != "seed" or not (r.folder / r.done).exists():
+            if r["kind"] not in ("seed", "long") or not (r.folder / r.done).exists():
                 continue
             chosen = json.loads((r.folder / "point.json").read_text()).get("point")
             if chosen is None or chosen not in by_key:
                 continue
             top1 = read_record(r.folder / "summary.json", ("val_top1",))["val_top1"]["best"]
-            picked = by_key[chosen].setdefault("chosen_at", [])
-            if r["budget"] not in picked:
-                picked.append(r["budget"])
-            seeds = by_key[chosen].setdefault("seed_offsets", [0])
-            if r["seed"] not in seeds:
-                seeds.append(r["seed"])
-                by_key[chosen]["top1"].append(top1)
+            p = by_key[chosen]
+            at, offsets, values = (
+                ("chosen_at", "seed_offsets", "top1")
+                if r["kind"] == "seed"
+                else ("long_at", "long_offsets", "long_top1")
+            )
+            if r["budget"] not in p.setdefault(at, []):
+                p[at].append(r["budget"])
+            seen = p.setdefault(offsets, [0] if r["kind"] == "seed" else [])
+            if r["seed"] not in seen:
+                seen.append(r["seed"])
+                p.setdefault(values, []).append(top1)
         base = self.p["train"]["seed"]
+        points = list(by_key.values())
         for p in points:
             p["seeds"] = [base + s for s in p.pop("seed_offsets", [0])]
+            if "long_offsets" in p:
+                p["long_seeds"] = [base + s for s in p.pop("long_offsets")]
+                p["long_steps"] = self.t.long_steps
+        return finish(points, ddp_bytes(self.runs_dir), self._steps())
+
+    def aggregate(self, runs: list[Run]) -> dict[str, Any]:
+        t = self.t
+        points = self._scored(runs)
         for p in points:
             p["decay"] = self._decay(p)
         ddp = ddp_bytes(self.runs_dir)
-        points = finish(points, ddp, self._steps())
         took = [
             float((r.folder / "launch_seconds.txt").read_text())
             for r in runs
@@ -201,6 +270,7 @@ class Tradeoff(study.Study):
             ddp_bytes=ddp,
             budgets=list(t.budgets),
             points=points,
+            searches=search_progress(self.runs_dir, t, ddp, self.p["search"]["ranks_per_worker"]),
         )
 
     def refresh(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -213,6 +283,8 @@ class Tradeoff(study.Study):
 
     def figure(self, data: dict[str, Any], path: Path) -> None:
         draw(data, path)
+        if data.get("searches"):  # a record made before the searches' progress was kept
+            draw_progress(data, path.with_name(PROGRESS_FIGURE))
 
     def page(self, data: dict[str, Any]) -> str:
         return page(data)
@@ -227,6 +299,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     p = abconfig.read_yaml(Path(a.config))
     settings(p)  # refused before anything runs
+    if not a.render and (restored := state.restore(a.runs_dir, a.out / "state")):
+        print(
+            f"[bench.tradeoff] {restored} files of the committed state restored into "
+            f"{a.runs_dir}: finished searches and runs are read back, not trained",
+            flush=True,
+        )
     the = Tradeoff(out=a.out, command=study.shown("bench.tradeoff", argv), p=p, runs_dir=a.runs_dir)
     code = study.conduct(the, a)
     tracking = p["train"]["tracking"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -70,16 +71,16 @@ def low_rank(pts: list[dict[str, Any]], steps: int) -> list[str]:
 
 
 def budget_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """At each budget (and at DDP's own bytes), each method's point: the one its search
-    found best within the budget and that was rerun at more seeds (chosen on its first
-    seed, reported as the mean over all), else its best within it."""
+    """At each budget (and at DDP's own bytes), each method's point: of its front points
+    within the budget trained again at other seeds, the best by those seeds' mean; where
+    none was, its best within it on the search's seed."""
     pts = data["points"]
     methods = list(dict.fromkeys(p["method"] for p in pts))
     out = []
     for b in [*data["budgets"], 1.0]:
         for m in methods:
             chosen = [p for p in pts if p["method"] == m and b in p.get("chosen_at", [])]
-            best = chosen[0] if chosen else best_within(pts, m, b)
+            best = max(chosen, key=lambda p: p["best_top1"]) if chosen else best_within(pts, m, b)
             if best is not None:
                 out.append(dict(budget=b, method=m, point=best))
     return out
@@ -108,10 +109,11 @@ def settings_of(point: dict[str, Any]) -> str:
 
 
 def top1_of(point: dict[str, Any]) -> str:
-    sd = point["best_top1_sd"]
-    n = len(point["top1"])
+    sd, n = point["best_top1_sd"], point.get("rerun_seeds", 0)
+    if not n:
+        return f"{point['best_top1']:.2f}% (the search's seed)"
     return f"{point['best_top1']:.2f}" + (
-        f" ± {sd:.2f}% ({n} seeds)" if sd is not None else "% (1 seed)"
+        f" ± {sd:.2f}% ({n} other seeds)" if sd is not None else "% (1 other seed)"
     )
 
 
@@ -142,14 +144,57 @@ def verdict(data: dict[str, Any]) -> str:
     tail = ""
     if ddp:
         tail = f"; DDP itself reaches {top1_of(ddp[0]['point'])}"
+    tail += "".join(f"; {x}" for x in with_length(data, rows))
     steps = data["points"][0]["steps"]
     first = said[0][0].upper() + said[0][1:]
     return (
-        f"In {steps}-step runs: "
+        f"In {steps}-step runs ({searched(data)}): "
         + "; ".join([first[0].lower() + first[1:], *said[1:]])
         + tail
         + "."
     )
+
+
+def searched(data: dict[str, Any]) -> str:
+    """What the searches evaluated: "N configurations by Optuna, M by Propulate"."""
+    done: dict[str, int] = {}
+    if data.get("searches"):
+        for x in data["searches"]:
+            done[x["backend"]] = done.get(x["backend"], 0) + x["evaluations"]
+    else:  # a record made before the searches' progress was kept: its finished points
+        for p in data["points"]:
+            done[p["backend"]] = done.get(p["backend"], 0) + 1
+    names = {"optuna": "Optuna", "propulate": "Propulate"}
+    return ", ".join(
+        f"{n} {'configurations ' if i == 0 else ''}by {names.get(b, b)}"
+        for i, (b, n) in enumerate(done.items())
+    )
+
+
+def with_length(data: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """At each budget, whether the methods' ranking holds when their chosen points train
+    `long_steps` (mean over the same other seeds)."""
+    said = []
+    for b in data["budgets"]:
+        here = [
+            r["point"]
+            for r in rows
+            if r["budget"] == b and b in r["point"].get("long_at", []) and r["point"]["long_top1"]
+        ]
+        if len(here) < 2:
+            continue
+        long = {id(p): statistics.fmean(p["long_top1"]) for p in here}
+        short = sorted(here, key=lambda p: -p["best_top1"])
+        ranked = sorted(here, key=lambda p: -long[id(p)])
+        n = min(len(p["long_top1"]) for p in here)
+        holds = [p["method"] for p in short] == [p["method"] for p in ranked]
+        said.append(
+            f"at {here[0]['long_steps']} steps ({n} seeds) the ranking within ≤ {b:.0%} "
+            + ("holds" if holds else "changes")
+            + ": "
+            + ", ".join(f"{p['method']} {long[id(p)]:.2f}%" for p in ranked)
+        )
+    return said
 
 
 def draw(data: dict[str, Any], path: Path) -> None:
@@ -183,12 +228,12 @@ def draw(data: dict[str, Any], path: Path) -> None:
                     [p["best_top1"] for p in front],
                     where="post", color=colour, lw=1.8, label=m,
                 )  # fmt: skip
-            seeded = [p for p in mine if p["best_top1_sd"] is not None]
+            seeded = [p for p in mine if p.get("rerun_seeds")]
             if seeded:
                 ax.errorbar(
                     [p["bytes_vs_ddp"] for p in seeded],
                     [p["best_top1"] for p in seeded],
-                    yerr=[p["best_top1_sd"] for p in seeded],
+                    yerr=[p["best_top1_sd"] or 0.0 for p in seeded],
                     # a white edge: black rings mean "compresses" on this figure
                     fmt="D", ms=6, color=colour, mec="white", mew=0.8, capsize=3, lw=1.2,
                 )  # fmt: skip
@@ -217,6 +262,63 @@ def draw(data: dict[str, Any], path: Path) -> None:
         plt.close(fig)
 
 
+PROGRESS_FIGURE = "hypervolume.png"
+
+
+def progress_rows(data: dict[str, Any]) -> list[list[Any]]:
+    """A row per search: its evaluations, its random start, and where its hypervolume last
+    rose (still rising in its last third, or flat since)."""
+    rows = []
+    for x in data["searches"]:
+        n, last = x["evaluations"], x["last_rise"]
+        where = (
+            "never (no finished point)"
+            if last is None
+            else f"at {last} of {n}: "
+            + ("still rising in its last third" if last > n - n / 3 else "flat since")
+        )
+        start = f"{x['random_start']} random" + (
+            " (TPE after)" if x["backend"] == "optuna" else " (bred after)"
+        )
+        budget = (
+            f"≤ {x['budget']:.0%}"
+            if x["budget"]
+            else ("both objectives" if x["backend"] == "optuna" else "error alone")
+        )
+        rows.append([x["method"], x["backend"], budget, n, start, where])
+    return rows
+
+
+def draw_progress(data: dict[str, Any], path: Path) -> None:
+    """Each search's hypervolume against its evaluations: Optuna's searches left (both
+    objectives), Propulate's right (each under its budget), a line per search in its
+    method's colour."""
+    from pipeline import style
+
+    with style.matplotlib_defaults() as plt:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True, layout="constrained")
+        for ax, backend in zip(axes, ("optuna", "propulate")):
+            for x in (x for x in data["searches"] if x["backend"] == backend):
+                look = style.marker(x["method"])
+                look.update(ms=4, ls="--" if x["budget"] == max(data["budgets"]) else "-")
+                label = x["method"] + (f" (≤ {x['budget']:.0%})" if x["budget"] else "")
+                curve = x["hypervolume"]
+                ax.plot(range(1, len(curve) + 1), curve, label=label, **look)
+                if x["random_start"]:
+                    ax.axvline(x["random_start"] + 0.5, color=look["color"], lw=0.6, ls=":")
+            ax.set(
+                title=f"{backend}: "
+                + ("both objectives" if backend == "optuna" else "error under a budget"),
+                xlabel="evaluations, in the order they finished",
+            )
+            ax.grid(alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize=7)
+        axes[0].set_ylabel("hypervolume (share of DDP's bytes × top-1 points)")
+        style.save(fig, path, dpi=100)
+        plt.close(fig)
+
+
 def page(data: dict[str, Any]) -> str:
     pts = data["points"]
     s = data["settings"]
@@ -234,7 +336,8 @@ def page(data: dict[str, Any]) -> str:
         f"*Best validation top-1 against inter-node bytes per rank as a share of DDP's "
         f"({data['ddp_bytes'] / 1e6:,.1f} MB per rank in {steps} steps), log x. A line is a "
         "method's front (no other of its points is as accurate for fewer bytes); diamonds "
-        "with error bars are the points rerun at more seeds (mean ± sd).*",
+        "with error bars are the points rerun at other seeds than the search's (their "
+        "mean ± sd).*",
         "",
         "## Each method's best within each budget",
         "",
@@ -259,6 +362,31 @@ def page(data: dict[str, Any]) -> str:
          "found by", "settings"],
         rows,
     )  # fmt: skip
+    if data.get("searches"):
+        lines += [
+            "",
+            "## How each search went",
+            "",
+            f"![each search's hypervolume]({PROGRESS_FIGURE})",
+            "",
+            "*Each search's hypervolume after each evaluation: the area of (share of DDP's "
+            "bytes, top-1) that its points dominate against (100% of DDP's bytes, 0%); it "
+            "rises when a point beats the search's front on accuracy for its bytes. A dotted "
+            "line ends a search's random start: Optuna's start-up trials (TPE proposes "
+            "after), Propulate's first population (it breeds after).*",
+            "",
+        ]
+        lines += table(
+            [
+                "method",
+                "backend",
+                "searched",
+                "evaluations",
+                "random start",
+                "hypervolume last rose",
+            ],
+            progress_rows(data),
+        )
     lines += ["", "## AB's low-rank regime", "", *low_rank(pts, steps), ""]
     lines += [
         "## What ran",
@@ -284,9 +412,12 @@ def page(data: dict[str, Any]) -> str:
         "",
         "Points per method, both backends: "
         + ", ".join(f"{m} {n}" for m, n in per_method.items())
-        + f". Seeds: at each budget each method's best point within it was trained again at "
-        f"{s['seeds'] - 1} more seed(s) (`abtrain.launch`, {s['nodes']} nodes × "
-        f"{data['ranks_per_node']} rank); a point found by both backends is one row. "
+        + ". Seeds: at each budget each method's best point within it was trained again at "
+        f"{max((p.get('rerun_seeds', 0) for p in pts), default=0)} seed(s) other than the one "
+        f"the search chose it on (`abtrain.launch`, {s['nodes']} nodes × "
+        f"{data['ranks_per_node']} rank), and its top-1 is theirs alone: chosen as the best of "
+        "many on one seed, a point's own seed flatters it. A point found by both backends is "
+        "one row. "
         "Each search's runs: `train` with " + ", ".join(f"`{x}`" for x in s["train"]) + ".",
         "",
         "## Every point",

@@ -35,9 +35,14 @@ class TradeoffConfig(BaseModel):
 
     methods: list[abconfig.Method] = Field(min_length=1)  # ddp first: the budgets' unit
     budgets: list[float] = Field(min_length=1)  # fractions of DDP's inter-node bytes
-    seeds: int = Field(ge=1)  # each method's best point under each budget, at this many
+    seeds: int = Field(ge=1)  # the front points under each budget, at this many other seeds
+    front_points: int = Field(ge=1)  # how many of a method's front points under a budget
+    long_steps: int = Field(ge=0)  # the chosen points again at this length (0: none)
     ranks: int = Field(ge=1)  # MPI ranks of each search
     nodes: int = Field(ge=1)  # the nodes a worker's ranks stand for
+    # Optuna's random start-up trials before TPE proposes: at most a third of a search's
+    # trials (`startup_of`), so that most of a search is TPE's own
+    startup: int = Field(ge=1)
     evaluations: dict[
         str, dict[str, int]
     ]  # backend -> method -> evaluations (propulate: each budget)
@@ -98,12 +103,14 @@ def search_params(
     # each search its own seed: two with one seed would propose the same first points
     order = [(m, b, x) for m in t.methods for b, x in searches_of(t, m)]
     budget = share * ddp if share is not None and ddp is not None else None
+    n = t.evaluations[backend][method]
     s.update(
+        startup_trials=startup_of(t, n),
         seed=s["seed"] + order.index((method, backend, share)),
         backend=backend,
         ranks=t.ranks,
         use_best=[],
-        evaluations=t.evaluations[backend][method],
+        evaluations=n,
         objective="tradeoff",
         nodes=t.nodes,
         byte_budget=budget,
@@ -111,6 +118,12 @@ def search_params(
         space={k: v.model_dump() for k, v in t.spaces[method].items()},
     )
     return q
+
+
+def startup_of(t: TradeoffConfig, trials: int) -> int:
+    """The random start-up of an Optuna search of `trials`: `tradeoff.startup`, at most a
+    third of them (at least one)."""
+    return max(1, min(t.startup, trials // 3))
 
 
 def ddp_bytes(runs_dir: Path) -> float:

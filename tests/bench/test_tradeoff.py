@@ -6,6 +6,8 @@ study itself (about 45 minutes) is not run here."""
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,11 +26,17 @@ def miniature(tmp_path):
     mlflow = [f"tracking.uri=sqlite:///{tmp_path}/m.db", "tracking.enabled=true"]
     p["train"] = apply_overrides(p["train"], [*TINY, *mlflow])
     t = p["tradeoff"]
+    # a random start of 2 trials (a third of 6) and of 4 individuals (2 workers: Propulate
+    # breeds from its 5th), 2 generations a worker past it; each method's 2 front points
+    # again at one other seed, the chosen one at twice the steps
     t.update(
         methods=["ddp", "ab"],
-        budgets=[0.5, 0.9],
-        seeds=2,
-        evaluations={"optuna": {"ddp": 2, "ab": 2}, "propulate": {"ab": 2}},
+        budgets=[0.9],
+        seeds=1,
+        front_points=2,
+        long_steps=48,
+        startup=2,
+        evaluations={"optuna": {"ddp": 2, "ab": 6}, "propulate": {"ab": 8}},
         train=["steps=24", "eval_every=8", "checkpoint_every=0"],
     )
     t["spaces"] = {m: t["spaces"][m] for m in t["methods"]}
@@ -101,7 +109,7 @@ def test_the_study_searches_both_backends_resumes_and_reports_fronts_from_its_fi
     assert not left, f"still running after the study was killed: {left}"
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "run 1 of 7: finished, read from runs/tradeoff/ddp/optuna" in again.stdout
+    assert "run 1 of 9: finished, read from runs/tradeoff/ddp/optuna" in again.stdout
     assert ddp_rows.stat().st_mtime_ns == before  # the finished search was not run again
 
     out = tmp_path / "reports/tradeoff"
@@ -119,13 +127,23 @@ def test_the_study_searches_both_backends_resumes_and_reports_fronts_from_its_fi
         } <= set(p)
         assert p["steps"] == 24 and p["inter_node_bytes_per_rank"] > 0
     assert {p["backend"] for p in points if p["method"] == "ab"} == {"optuna", "propulate"}
-    assert len([p for p in points if p["method"] == "ab"]) >= 5  # 2 + 2 × 2, minus repeats
+    assert len([p for p in points if p["method"] == "ab"]) >= 10  # 6 + 8, minus repeats
     ddp = [p for p in points if p["method"] == "ddp"]
     assert all(p["bytes_vs_ddp"] == pytest.approx(1.0) for p in ddp)
     assert [p["front"] for p in points] == front_of(points)
+    # the front points trained again at a seed not the search's, their figure that seed's
     seeded = [p for p in points if len(p["seeds"]) == 2]
-    assert seeded and all(p["best_top1_sd"] is not None for p in seeded)
-    assert any(p["method"] == "ddp" for p in seeded)
+    assert seeded and all(p["front"] and p["rerun_seeds"] == 1 for p in seeded)
+    assert all(p["best_top1"] == p["top1"][1] for p in seeded)
+    assert {p["method"] for p in seeded} == {"ddp", "ab"}
+    assert all(len(p.get("long_top1", [])) == 1 for p in points if p.get("long_at"))
+    assert {p["method"] for p in points if p.get("long_at")} == {"ddp", "ab"}
+    searched_by_tpe(tmp_path / "runs/tradeoff/ab/optuna", workers=2, trials=6, startup=2)
+    bred_by_propulate(tmp_path / "runs/tradeoff/ab/propulate-b0.9", workers=2)
+    progress = {(x["method"], x["backend"]): x for x in data["searches"]}
+    assert progress["ab", "optuna"]["random_start"] == 2
+    assert progress["ab", "propulate"]["random_start"] == 4
+    assert all(len(x["hypervolume"]) == x["evaluations"] for x in data["searches"])
     # the verdict names, at each budget, the best point within it, from the files alone
     assert data["verdict"] == verdict(data)
     for b in data["budgets"]:
@@ -152,6 +170,61 @@ def test_the_study_searches_both_backends_resumes_and_reports_fronts_from_its_fi
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == pid]
     assert len(children) == len(points)
     assert "tradeoff.png" in {a.path for a in client.list_artifacts(pid)}
+
+    # on another machine: only the committed state (reports/tradeoff/state), 2 more trials
+    # for AB's Optuna search: those 2 are trained, nothing else
+    rows = tmp_path / "runs/tradeoff/ab/optuna/evaluations.jsonl"
+    had = rows.read_bytes()
+    shutil.rmtree(tmp_path / "runs")
+    p = read_yaml(tmp_path / "params.yaml")
+    p["tradeoff"]["evaluations"]["optuna"]["ab"] = 8
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    more = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+    assert "of the committed state restored" in more.stdout
+    trained = [x for x in more.stdout.splitlines() if re.search(r"run \d+ of \d+: \S", x)]
+    started = [x for x in trained if ": finished, read from" not in x]
+    assert len(started) == 1 and "ab: optuna" in started[0], trained
+    now = rows.read_bytes()
+    assert now.startswith(had) and len(now[len(had) :].splitlines()) == 2
+
+
+def searched_by_tpe(folder, workers: int, trials: int, startup: int) -> None:
+    """From the search's records: each worker's first trials are its random sampler's draws
+    (TPE's start-up), and most of the search is not: TPE proposed them. Workers ask in
+    parallel, so the start-up can run a trial per worker over its count."""
+    import optuna
+
+    from search import space
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    q = read_yaml(folder.parent / f"{folder.name}.params.yaml")["search"]
+    s = space.load(q)
+    rows = [json.loads(x) for x in (folder / "evaluations.jsonl").read_text().splitlines()]
+    random = 0
+    for w in range(workers):
+        mine = sorted((r for r in rows if r["worker"] == w), key=lambda r: r["trial"])
+        replay = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=s.seed * 1009 + w))
+        drawn = [space.suggest(replay.ask(), s.space) for _ in mine]
+        same = [r["params"] == d for r, d in zip(mine, drawn)]
+        lead = same.index(False) if False in same else len(same)
+        assert lead >= 1 and not any(same[lead:]), same
+        random += lead
+    assert startup <= random <= startup + workers - 1 and trials - random >= 3
+
+
+def bred_by_propulate(folder, workers: int) -> None:
+    """From the search's records: past its random start (2 individuals a worker), an
+    individual shares a float gene exactly with an earlier one (crossover copies genes;
+    two uniform draws never coincide)."""
+    rows = [json.loads(x) for x in (folder / "evaluations.jsonl").read_text().splitlines()]
+    floats = ("optim.lr", "optim.weight_decay", "ab.sigma_cutoff")
+    start = [r for r in rows if int(r["id"].rsplit("-g", 1)[1]) < 2]
+    assert len(start) == 2 * workers and len(rows) > len(start)
+    genes = [(k, r["params"][k]) for r in start for k in floats]
+    assert len(set(genes)) == len(genes)  # the random start: no gene twice
+    genes = [(k, r["params"][k]) for r in rows for k in floats]
+    assert len(set(genes)) < len(genes)  # bred: a gene copied from a parent
 
 
 def test_the_figure_rings_in_black_only_the_points_that_compress(tmp_path, monkeypatch):
@@ -181,3 +254,40 @@ def test_the_figure_rings_in_black_only_the_points_that_compress(tmp_path, monke
     assert want and ringed == want
     markers = [ln for ln in ax.lines if ln.get_marker() == "D"]
     assert markers and not any(black(ln.get_markeredgecolor()) for ln in markers)
+
+
+def test_the_committed_state_holds_what_resumes_a_search_and_never_a_runs_weights(tmp_path):
+    """save() copies a search's settings, rows, journal and checkpoints and a rerun's point
+    and summary, not the evaluations' folders or any weights; restore() fills only what a
+    runs folder lacks (its own files are newer)."""
+    from bench.tradeoff import state
+
+    runs, kept = tmp_path / "runs", tmp_path / "state"
+    search = runs / "ab" / "optuna"
+    small = {
+        search / "search.json": "{}",
+        search / "evaluations.jsonl": '{"id": "t0"}\n',
+        search / "optuna.journal": "x",
+        runs / "ab" / "optuna.params.yaml": "search: {}\n",
+        runs / "ab" / "propulate-b0.1" / "checkpoints" / "island_0_ckpt.pickle": "p",
+        runs / "seeds" / "ab-b0.1-p0-s1" / "point.json": "{}",
+        runs / "seeds" / "ab-b0.1-p0-s1" / "summary.json": "{}",
+    }
+    large = {
+        search / "individuals" / "t0" / "summary.json": "{}",
+        search / "individuals" / "t0" / "model.pt": "w",
+        runs / "seeds" / "ab-b0.1-p0-s1" / "model.pt": "w",
+        runs / "seeds" / "ab-b0.1-p0-s1" / "checkpoints" / "step-24.pt": "w",
+    }
+    for path, text in {**small, **large}.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert state.save(runs, kept) == len(small) and state.save(runs, kept) == 0
+    assert {kept / p.relative_to(runs) for p in small} == {
+        p for p in kept.rglob("*") if p.is_file()
+    }
+    (search / "evaluations.jsonl").write_text('{"id": "t0"}\n{"id": "t1"}\n')  # newer here
+    shutil.rmtree(runs / "seeds")
+    assert state.restore(runs, kept) == 2
+    assert (runs / "seeds" / "ab-b0.1-p0-s1" / "point.json").exists()
+    assert (search / "evaluations.jsonl").read_text().count("\n") == 2
