@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -177,17 +179,43 @@ def submit(script_text: str, out: Path, name: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
     script = out / "job.sbatch"
     atomic_write_text(script, script_text)
-    proc = subprocess.run(
-        ["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True
+    proc = subprocess.Popen(
+        ["sbatch", "--parsable", "--wait", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    job = proc.stdout.strip().split(";")[0] or "?"
+    # A stage stopped (its dvc killed: SIGTERM; a closed terminal; Ctrl-C) takes its job
+    # with it: left queued, the job would train on and write the stage's outputs with no
+    # stage to record them.
+    stopped: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped.append(signum)
+        proc.terminate()  # sbatch --wait ends; the job is cancelled below
+
+    here = threading.current_thread() is threading.main_thread()
+    signals = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT) if here else ()
+    previous = {sig: signal.signal(sig, stop) for sig in signals}
+    try:
+        out_text, stderr = proc.communicate()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    job = out_text.strip().split(";")[0] or "?"  # --parsable: the id, printed as it queues
+    if stopped:
+        if job != "?":
+            subprocess.run(["scancel", job], capture_output=True, timeout=60)
+        how = signal.Signals(stopped[0]).name
+        print(f"[pipeline] stopped ({how}): SLURM job {job} ({name}) cancelled", file=sys.stderr)
+        return 128 + stopped[0]
     if proc.returncode:
         logs = sorted(out.glob(f"slurm-{job}.log")) or sorted(out.glob("slurm-*.log"))
         lines = logs[-1].read_text(errors="replace").splitlines() if logs else []
         where = f"its log: {logs[-1]}" if logs else f"no log in {out}"
         print(
             f"error: SLURM job {job} ({name}) failed with exit code {proc.returncode}: "
-            f"{job_cause(lines) or _last(proc.stderr) or 'no rank said why'}; {where}",
+            f"{job_cause(lines) or _last(stderr) or 'no rank said why'}; {where}",
             file=sys.stderr,
         )
         return proc.returncode or 1

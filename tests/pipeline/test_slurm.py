@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -134,6 +135,52 @@ def test_cancelled_job_resubmitted_resumes_from_its_checkpoint(in_cluster, tmp_p
     assert slurm.run_slurm(p_with(), run, args, out) == 0
     logs = "".join(p.read_text() for p in out.glob("slurm-*.log"))
     assert "resumed from step" in logs and summary(out)["steps"] == 400
+
+
+@pytest.mark.cluster
+@pytest.mark.multiprocess
+def test_a_stage_stopped_while_its_job_runs_cancels_the_job(in_cluster, tmp_path):
+    """The stage's process gets SIGTERM (what its dvc's death sends it, or scancel of the
+    stage, or a closed terminal): the job it waits on leaves the queue and its ranks stop,
+    rather than training on to write outputs no stage records; one line says so."""
+    out = tmp_path / "stopped"
+    args = train_args(out, "method=ddp", "steps=50000", "checkpoint_every=0", "eval_every=50000")
+    stage = (
+        "import json, sys\nfrom pathlib import Path\nfrom pipeline import slurm\n"
+        "from pipeline.matrix import MatrixRun\n"
+        "p, args, out = json.loads(sys.argv[1])\n"
+        "run = MatrixRun('stopped', 'ddp', nodes=2, ranks_per_node=1, batch='local')\n"
+        "sys.exit(slurm.run_slurm(p, run, args, Path(out)))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", stage, json.dumps([p_with(), args, str(out)])],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+
+    def training() -> bool:  # the ranks are past their start: "step 0: enter full phase"
+        return any(
+            "step 0: enter" in x.read_text(errors="replace") for x in out.glob("slurm-*.log")
+        )
+
+    while not training():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the job did not start training in 180 s"
+        time.sleep(0.5)
+    (log,) = out.glob("slurm-*.log")
+    job = log.stem.removeprefix("slurm-")
+    assert in_queue(job)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert err.strip().splitlines()[-1] == (
+        f"[pipeline] stopped (SIGTERM): SLURM job {job} (stopped) cancelled"
+    )
+    deadline = time.monotonic() + 120
+    while in_queue(job):
+        assert time.monotonic() < deadline, f"job {job} still in squeue 120 s after the stop"
+        time.sleep(0.5)
+    assert not (out / "summary.json").exists()
 
 
 @pytest.mark.cluster
