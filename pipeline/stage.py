@@ -64,6 +64,7 @@ def leaves(node: Any, prefix: str = "") -> list[str]:
 def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """A stage's or study's command line: `--help` prints its docstring's first paragraph
     (every `python -m` entry point answers it, and never runs on it)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (pipeline/__init__.py)
     first = (doc or "").strip().split("\n\n")[0]
     return argparse.ArgumentParser(prog=f"python -m {prog}", description=first)
 

@@ -2,6 +2,7 @@
 runs (a stage that fails would leave none); the failure itself, through `dvc exp run`, is
 tests/pipeline/test_pipeline.py's."""
 
+import pytest
 import yaml
 
 from tests.helpers import ROOT
@@ -25,3 +26,27 @@ def test_every_output_persists_and_lives_in_git():
             assert opts.get("cache") is False, f"{name}: {path}"
             seen += 1
     assert seen >= 17
+
+
+@pytest.mark.pipeline
+def test_ctrl_c_while_a_stage_starts_ends_it_in_one_line():
+    """Ctrl-C in the seconds a DVC stage spends importing torch: one line and 130, not a
+    traceback through the import machinery."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "DVC_STAGE": "train@ab-2x2"}  # as DVC runs a stage's command
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.train", "ab-2x2"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(0.5)  # importing torch takes seconds
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.strip().splitlines() == [
+        "[pipeline] stopped (Ctrl-C) as the stage started; nothing of it was recorded"
+    ]
