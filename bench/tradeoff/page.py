@@ -312,6 +312,7 @@ def draw_progress(data: dict[str, Any], path: Path) -> None:
                 xlabel="evaluations, in the order they finished",
             )
             ax.grid(alpha=0.3)
+            ax.xaxis.get_major_locator().set_params(integer=True)
             if ax.lines:
                 ax.legend(fontsize=7)
         axes[0].set_ylabel("hypervolume (share of DDP's bytes × top-1 points)")
