@@ -30,12 +30,11 @@ def params_changed(clone: Path, edit) -> set[str]:
             cwd=clone, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert run.returncode == 0, run.stderr
-        changed = set()
+        changed = set()  # {"paper_scale": [{"changed deps": {"params.yaml": {KEY: ...}}}]}
         for entry in json.loads(run.stdout or "{}").get("paper_scale", []):
-            for values in (
-                entry.get("changed params", {}).values() if isinstance(entry, dict) else ()
-            ):
-                changed |= set(values)
+            if isinstance(entry, dict):
+                for deps in entry.values():
+                    changed |= set(deps.get("params.yaml", {}))
         return changed
     finally:
         path.write_text(text)
