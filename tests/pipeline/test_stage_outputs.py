@@ -43,10 +43,11 @@ def test_ctrl_c_while_a_stage_starts_ends_it_in_one_line():
         [sys.executable, "-m", "pipeline.train", "ab-2x2"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(0.5)  # importing torch takes seconds
+    time.sleep(0.3)  # while it imports (or, on a fast machine, just after: either way)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
-    assert err.strip().splitlines() == [
-        "[pipeline] stopped (Ctrl-C) as the stage started; nothing of it was recorded"
-    ]
+    assert err.strip().splitlines() in (
+        ["[pipeline] stopped (Ctrl-C) as the stage started; nothing of it was recorded"],
+        ["[pipeline] stopped (Ctrl-C); nothing of this stage was recorded"],
+    ), err
