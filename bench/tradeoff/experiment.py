@@ -71,41 +71,48 @@ class Tradeoff(study.Study):
                         info=dict(kind="search", evaluations=n),
                     )
                 )
-        ranks_per_node = p["search"]["ranks_per_worker"] // t.nodes
+        # at each budget (DDP: its own bytes), each method's front points again at other
+        # seeds, then the point the verdict names at `long_steps`
         for m in t.methods:
             for b in [1.0] if m == "ddp" else list(t.budgets):
                 for k in range(t.front_points):
                     for seed in range(1, t.seeds + 1):  # seeds other than the search's own
                         out.append(
-                            Run(
-                                name=f"{m}'s front point {k + 1} within {b:g} of DDP's "
-                                f"bytes, seed +{seed}",
-                                folder=self.runs_dir / "seeds" / f"{m}-b{b:g}-p{k}-s{seed}",
-                                nodes=t.nodes,
-                                ranks_per_node=ranks_per_node,
-                                seconds=study.LAUNCH_SECONDS + unit / 2,
-                                launch=self._seed(m, b, k, seed),
-                                info=dict(kind="seed", method=m, budget=b, seed=seed),
+                            self._point_run(
+                                f"{m}'s front point {k + 1} within {b:g} of DDP's bytes, "
+                                f"seed +{seed}",
+                                self.runs_dir / "seeds" / f"{m}-b{b:g}-p{k}-s{seed}",
+                                unit / 2,
+                                self._seed(m, b, k, seed),
+                                dict(kind="seed", method=m, budget=b, seed=seed),
                             )
                         )
-        if t.long_steps:
-            scale = t.long_steps / self._steps()
-            for m in t.methods:
-                for b in [1.0] if m == "ddp" else list(t.budgets):
-                    for seed in range(1, t.seeds + 1):
-                        out.append(
-                            Run(
-                                name=f"{m}'s chosen point within {b:g} of DDP's bytes at "
-                                f"{t.long_steps} steps, seed +{seed}",
-                                folder=self.runs_dir / "long" / f"{m}-b{b:g}-s{seed}",
-                                nodes=t.nodes,
-                                ranks_per_node=ranks_per_node,
-                                seconds=study.LAUNCH_SECONDS + scale * unit / 2,
-                                launch=self._long(m, b, seed),
-                                info=dict(kind="long", method=m, budget=b, seed=seed),
-                            )
+                for seed in range(1, t.seeds + 1) if t.long_steps else ():
+                    out.append(
+                        self._point_run(
+                            f"{m}'s chosen point within {b:g} of DDP's bytes at "
+                            f"{t.long_steps} steps, seed +{seed}",
+                            self.runs_dir / "long" / f"{m}-b{b:g}-s{seed}",
+                            t.long_steps / self._steps() * unit / 2,
+                            self._long(m, b, seed),
+                            dict(kind="long", method=m, budget=b, seed=seed),
                         )
+                    )
         return out
+
+    def _point_run(
+        self, name: str, folder: Path, seconds: float, launch: Any, info: dict[str, Any]
+    ) -> Run:
+        """A run of one found point, in the searches' shape (a worker's nodes and ranks)."""
+        return Run(
+            name=name,
+            folder=folder,
+            nodes=self.t.nodes,
+            ranks_per_node=self.p["search"]["ranks_per_worker"] // self.t.nodes,
+            seconds=study.LAUNCH_SECONDS + seconds,
+            launch=launch,
+            info=info,
+        )
 
     def _search(self, method: str, backend: str, budget: float | None):
         def launch(run: Run) -> None:
