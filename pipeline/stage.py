@@ -15,7 +15,7 @@ from typing import Any
 from abtrain import config as abconfig
 from abtrain.config import one_line
 from abtrain.files import RecordError
-from abtrain.lifetime import die_with_parent
+from abtrain.lifetime import die_with_runner
 from search import space
 
 PARAMS = Path("params.yaml")
@@ -75,11 +75,11 @@ def stage(main: Callable[..., int], *args: str, who: str = "pipeline") -> int:
     line, then that the stage failed).
 
     Under DVC (which sets DVC_STAGE) the stage ends with DVC: a `dvc` killed by any signal
-    takes the stage down by SIGTERM, which stops what the stage started in turn, instead of
-    leaving it to train on and write the stage's outputs with no DVC to record them. Ctrl-C
-    ends it in one line."""
+    takes the stage down by SIGTERM (past the shell DVC runs it in), which stops what the
+    stage started in turn, instead of leaving it to train on and write the stage's outputs
+    with no DVC to record them. Ctrl-C ends it in one line."""
     if os.environ.get("DVC_STAGE"):
-        die_with_parent(signal.SIGTERM)
+        die_with_runner(signal.SIGTERM)
     try:
         return main(*args)
     except KeyboardInterrupt:

@@ -106,8 +106,12 @@ def miniature(params: dict, images: Path) -> dict:
 
 
 def dvc_env() -> dict[str, str]:
-    """The environment DVC and what it runs see: this venv's programs first."""
-    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    """The environment DVC and what it runs see: this venv's programs first, and no $SHELL, as
+    in CI or a batch job (DVC then runs each stage under /bin/sh, which may stay as the
+    stage's parent: dash does)."""
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    env.pop("SHELL", None)
+    return env
 
 
 def dvc(repo: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:

@@ -51,3 +51,49 @@ def test_ctrl_c_while_a_stage_starts_ends_it_in_one_line():
         ["[pipeline] stopped (Ctrl-C) as the stage started; nothing of it was recorded"],
         ["[pipeline] stopped (Ctrl-C); nothing of this stage was recorded"],
     ), err
+
+
+@pytest.mark.pipeline
+def test_a_stage_dies_with_the_dvc_that_ran_it_through_a_shell(tmp_path):
+    """DVC runs a stage as `$SHELL -c CMD`, `/bin/sh` where $SHELL is unset (CI, a batch
+    job); dash stays as the stage's parent and lives on when DVC is killed with -9. The stage
+    must end anyway, not train on with no DVC to record it."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "stage.pid"
+    stage = (
+        "import os, time; from pipeline.stage import stage; "
+        f"stage(lambda: open({str(pid_file)!r}, 'w').write(str(os.getpid())) and time.sleep(300))"
+    )
+    # the runner stands in for dvc: it runs the command as DVC's `_run` does, then waits
+    runner = "import subprocess, sys; subprocess.Popen(['/bin/sh', '-c', sys.argv[1] + ' ']).wait()"
+    cmd = f"{sys.executable} -c {shlex.quote(stage)}"
+    env = {**os.environ, "DVC_STAGE": "train@x", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", runner, cmd], cwd=ROOT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert time.monotonic() < deadline and proc.poll() is None, "the stage never started"
+            time.sleep(0.1)
+        pid = int(pid_file.read_text())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and "Z" not in stat_state(pid):
+            assert time.monotonic() < deadline, "the stage lives 10 s after its DVC was killed"
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+
+
+def stat_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
