@@ -15,8 +15,9 @@ from tests.helpers import _words, marks_needed, require_marks, tiny_config
 # for the paper miniature's Slurm cluster (tests/slurm_cluster.LOCK), comes later.
 LONGEST = (
     "test_paper_mini.py", "test_pipeline.py", "test_faults.py", "test_search.py", "test_train.py",
-    "test_tracking_lost.py", "test_batchnorm.py", "test_api.py", "test_tracking.py",
-    "test_lengths.py", "test_user_loops.py", "test_slurm.py", "test_link_cut.py", "test_config.py",
+    "test_tracking_lost.py", "test_tradeoff.py", "test_api.py", "test_batchnorm.py",
+    "test_tracking.py", "test_lengths.py", "test_user_loops.py", "test_slurm.py",
+    "test_link_cut.py", "test_config.py",
 )  # fmt: skip
 
 
