@@ -37,7 +37,7 @@ from bench import study
 from bench.network import step_times
 from bench.study import Run
 from pipeline.report.markdown import DASH, pm, table
-from pipeline.stage import parser, stage
+from pipeline.stage import STUDY_STOPPED, parser, stage
 
 # 1 to 16 epochs spans the 16x the question needs; with the four methods it fits ~2.1 h of 2
 # cores (2 to 32 epochs would take ~5 h).
@@ -624,4 +624,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(stage(main, who="bench"))
+    raise SystemExit(stage(main, who="bench", stopped=STUDY_STOPPED))

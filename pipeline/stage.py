@@ -69,7 +69,13 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(prog=f"python -m {prog}", description=first)
 
 
-def stage(main: Callable[..., int], *args: str, who: str = "pipeline") -> int:
+STAGE_STOPPED = "nothing of this stage was recorded"
+STUDY_STOPPED = "what finished is kept, and the same command goes on from there"
+
+
+def stage(
+    main: Callable[..., int], *args: str, who: str = "pipeline", stopped: str = STAGE_STOPPED
+) -> int:
     """A stage's (or a study's) entry point: a config error or a damaged record ends it in
     one line naming the key or file, exit code 2, as `abtrain train`'s do (DVC prints the
     line, then that the stage failed).
@@ -77,13 +83,14 @@ def stage(main: Callable[..., int], *args: str, who: str = "pipeline") -> int:
     Under DVC (which sets DVC_STAGE) the stage ends with DVC: a `dvc` killed by any signal
     takes the stage down by SIGTERM (past the shell DVC runs it in), which stops what the
     stage started in turn, instead of leaving it to train on and write the stage's outputs
-    with no DVC to record them. Ctrl-C ends it in one line."""
+    with no DVC to record them. Ctrl-C ends it in one line: `stopped` says what is left
+    (a study that resumes keeps what finished, STUDY_STOPPED)."""
     if os.environ.get("DVC_STAGE"):
         die_with_runner(signal.SIGTERM)
     try:
         return main(*args)
     except KeyboardInterrupt:
-        print(f"[{who}] stopped (Ctrl-C); nothing of this stage was recorded", file=sys.stderr)
+        print(f"[{who}] stopped (Ctrl-C); {stopped}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # its reader stopped reading (`| head`): end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -1,4 +1,4 @@
 from bench.tradeoff.experiment import main
-from pipeline.stage import stage
+from pipeline.stage import STUDY_STOPPED, stage
 
-raise SystemExit(stage(main, who="bench.tradeoff"))
+raise SystemExit(stage(main, who="bench.tradeoff", stopped=STUDY_STOPPED))

@@ -140,17 +140,24 @@ def test_a_killed_study_continues_and_reports_from_its_files(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "bench.lengths", "--epochs", "1", "2", "--seeds", "2", "1"]
     cmd += ["--methods", "ddp", "ab", "--shape", "2x1"]
+    errors = (tmp_path / "first.err").open("w+")  # a file: the runs' lines can't fill it
     first = subprocess.Popen(
-        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=errors, text=True,
+        start_new_session=True,
+    )  # fmt: skip
     said = []
     for line in first.stdout:
         said.append(line)
-        if line.startswith("[bench.lengths] run 3 of 6:"):  # two finished: stop it
-            os.killpg(first.pid, signal.SIGTERM)
+        if line.startswith("[bench.lengths] run 3 of 6:"):  # two finished: Ctrl-C
+            os.killpg(first.pid, signal.SIGINT)  # as a terminal sends it: to the whole group
             break
-    first.wait(timeout=120)
+    first.communicate(timeout=120)
+    errors.seek(0)
+    err = errors.read()
     assert "the rest about" in said[0] and "ETA" in said[1]
+    assert err.strip().splitlines()[-1] == (
+        "[bench] stopped (Ctrl-C); what finished is kept, and the same command goes on from there"
+    ), err[-2000:]
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     out = again.stdout

@@ -97,3 +97,24 @@ def stat_state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_ctrl_c_says_what_is_left_a_stage_nothing_a_study_what_finished(capsys):
+    """A stage stopped by Ctrl-C records nothing (DVC keeps the last outputs); a study
+    (`python -m bench.tradeoff`, `bench.lengths`) keeps every search and run that finished,
+    and its line says so rather than the stage's (the length study's, through Ctrl-C at a
+    terminal: tests/bench/test_lengths.py)."""
+    from pipeline.stage import STUDY_STOPPED, stage
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    assert stage(interrupted) == 130
+    assert capsys.readouterr().err == (
+        "[pipeline] stopped (Ctrl-C); nothing of this stage was recorded\n"
+    )
+    assert stage(interrupted, who="bench.tradeoff", stopped=STUDY_STOPPED) == 130
+    assert capsys.readouterr().err == (
+        "[bench.tradeoff] stopped (Ctrl-C); what finished is kept, and the same command goes "
+        "on from there\n"
+    )
