@@ -5,7 +5,7 @@ tests/pipeline/test_pipeline.py's."""
 import pytest
 import yaml
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, processes
 
 
 def outputs(stage: dict) -> list[tuple[str, dict]]:
@@ -84,19 +84,11 @@ def test_a_stage_dies_with_the_dvc_that_ran_it_through_a_shell(tmp_path):
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while os.path.exists(f"/proc/{pid}") and "Z" not in stat_state(pid):
+        while pid in processes():
             assert time.monotonic() < deadline, "the stage lives 10 s after its DVC was killed"
             time.sleep(0.1)
     finally:
         proc.kill()
-
-
-def stat_state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
 
 
 def test_ctrl_c_says_what_is_left_a_stage_nothing_a_study_what_finished(capsys):
