@@ -11,7 +11,7 @@ finished, so two searches with the same settings and seed can pick different
 configurations. The pipeline therefore trains from a committed record of one search
 (results/search/BACKEND); this study measures what another search would have given. A
 study on bench.study's skeleton: each rerun is `search.backend`'s search with params.yaml's
-settings on `search.ranks` MPI ranks (`pipeline.search.run_mpirun`), in
+settings on `search.ranks` MPI ranks (`search.launch.run_mpirun`), in
 runs/search-reruns/rN/search, then each run of `--runs` with that best, as `dvc repro`
 trains it (`pipeline.matrix.run_overrides`) plus `tracking.enabled=false`, in
 runs/search-reruns/rN/NAME. The pipeline's own search and its runs (results/) are the first
@@ -56,7 +56,7 @@ def list_runs(p: dict[str, Any], names: tuple[str, ...], reruns: int, runs_dir: 
     )
 
     def search(run: Run) -> None:
-        from pipeline.search import run_mpirun
+        from search.launch import run_mpirun
 
         args = ["--backend", backend, "--out", str(run.folder.resolve())]
         if run_mpirun(int(p["search"]["ranks"]), args):

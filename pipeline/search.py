@@ -17,9 +17,6 @@ finished evaluation is ever deleted here.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,10 +27,9 @@ import yaml
 from abtrain import config as abconfig
 from abtrain.config import ConfigError
 from abtrain.files import atomic_write_text, read_record, read_record_rows
-from abtrain.lifetime import die_with_parent
 from pipeline.stage import RUNS, SEARCHES, covered, leaves, move_aside, params, parser, stage
 from search import record
-from search.launch import mpirun_command
+from search.launch import run_mpirun
 
 Starter = Callable[[list[str]], int]  # launches the search with these extra arguments
 
@@ -50,46 +46,6 @@ def differing(args: list[str], ranks: int) -> list[str] | None:
     except (SpaceError, ConfigError, OSError, ValueError) as err:
         print(f"[pipeline] can't compare the settings ({err}): trying --resume", flush=True)
         return None
-
-
-def run_mpirun(ranks: int, args: list[str]) -> int:
-    """`python -m search ARGS` on `ranks` MPI ranks of this machine; its exit code."""
-    cmd = mpirun_command(ranks, args)
-    env = dict(os.environ)
-    if os.geteuid() == 0:  # Open MPI refuses root unless told
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    # mpirun goes when its parent goes, by any signal (SIGTERM: it stops its ranks), and
-    # holds what the parent holds (a study's lock, `abtrain.files.hold`) until it is gone
-    proc = subprocess.Popen(
-        cmd, env=env, close_fds=False, preexec_fn=lambda: die_with_parent(signal.SIGTERM)
-    )
-    got: list[int] = []
-
-    def forward(signum: int, _frame: object) -> None:
-        got.append(signum)
-        proc.send_signal(signal.SIGTERM)  # mpirun stops its ranks
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        code = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if got:
-        print(stopped_line(signal.Signals(got[0]).name, args), file=sys.stderr, flush=True)
-        return 128 + got[0]
-    return code
-
-
-def stopped_line(signal_name: str, args: list[str]) -> str:
-    """The last line of a search stopped from outside: how far it got and how to go on (the
-    ranks' own last words are lost: mpirun stops forwarding their output as it stops)."""
-    out = Path(args[args.index("--out") + 1])
-    try:
-        done = f"{len(record.evaluations(out))} evaluations, kept in {out}"
-    except (OSError, record.SearchError):
-        done = f"its evaluations kept in {out}"
-    return f"[search] stopped by {signal_name} after {done}: the same command continues it"
 
 
 def publish(out: Path, dest: Path) -> None:

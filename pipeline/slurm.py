@@ -163,12 +163,15 @@ def search_script(
     out: Path,
     job_name: str,
 ) -> str:
-    """The search: one allocation, mpirun with one rank per task inside it."""
+    """The search: one allocation, mpirun with one rank per task inside it, run by
+    `python -m search.launch`, so that a job cancelled from outside (`scancel`: SIGTERM to
+    every process of the job) ends its log saying how far the search got and how to go on,
+    which mpirun's ranks, stopping, can no longer say."""
     lines = _header(slurm, job_name, nodes, ranks_per_node, out / "slurm-%j.log")
     ntasks = '"$SLURM_NTASKS"'  # the allocation's task count: the one word the shell expands
-    words = mpirun_command(ntasks, args, here=False)
+    words = ["python", "-m", "search.launch", *mpirun_command(ntasks, args, here=False)]
     count = words.index("-n") + 1
-    lines.append(" ".join(w if i == count else q(w) for i, w in enumerate(words)))
+    lines.append("exec " + " ".join(w if i == count else q(w) for i, w in enumerate(words)))
     return "\n".join(lines) + "\n"
 
 

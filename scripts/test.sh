@@ -5,7 +5,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-# Two workers (pytest-xdist): the tests wait on processes, DVC, Slurm and servers for a
-# quarter of their time, so two share the two cores; each test file stays on one worker
-# (its module fixtures built once), the longest files first (tests/conftest.py).
-.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"
+# Three workers (pytest-xdist) on two cores: two left the cores idle for a quarter of the
+# run while the tests waited on processes, DVC, Slurm, servers and timeouts (docs/testing.md);
+# each test file stays on one worker (its module fixtures built once), the longest files
+# first (tests/conftest.py).
+.venv/bin/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 "$@"

@@ -116,7 +116,7 @@ class Tradeoff(study.Study):
 
     def _search(self, method: str, backend: str, budget: float | None):
         def launch(run: Run) -> None:
-            from pipeline.search import run_mpirun
+            from search.launch import run_mpirun
 
             ddp = ddp_bytes(self.runs_dir) if budget else None
             q = search_params(self.p, self.t, method, backend, budget, ddp)

@@ -218,18 +218,17 @@ def test_each_rank_gets_its_share_of_the_task_cores(tmp_path):
     assert 'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"' in one
 
 
-@pytest.mark.cluster
-@pytest.mark.multiprocess
-def test_the_search_runs_as_one_slurm_job_with_mpi_inside(in_cluster, tmp_path):
-    out = tmp_path / "search"
-    params = {"search": {"ranks": 4}, "experiments": {"slurm": SLURM}}
-    args = [
+def search_args(out: Path, evaluations: int) -> list[str]:
+    """A small Optuna search on 4 ranks, 2 a worker: what follows `python -m search`."""
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return [
         "--backend",
         "optuna",
         "--out",
         str(out),
         "--set",
-        "search.evaluations=2",
+        f"search.evaluations={evaluations}",
         "--set",
         "search.ranks_per_worker=2",
         "--set",
@@ -239,13 +238,58 @@ def test_the_search_runs_as_one_slurm_job_with_mpi_inside(in_cluster, tmp_path):
         "--set",
         "train.tracking.enabled=false",
     ]
-    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    assert slurm.run_search(params, args, out) == 0
+
+
+@pytest.mark.cluster
+@pytest.mark.multiprocess
+def test_the_search_runs_as_one_slurm_job_with_mpi_inside(in_cluster, tmp_path):
+    out = tmp_path / "search"
+    params = {"search": {"ranks": 4}, "experiments": {"slurm": SLURM}}
+    assert slurm.run_search(params, search_args(out, 2), out) == 0
     best = json.loads((out / "best.json").read_text())
     assert best["evaluations"] == 2
     rows = [json.loads(line) for line in (out / "evaluations.jsonl").read_text().splitlines()]
     assert {r["worker"] for r in rows} <= {0, 1}
+
+
+@pytest.mark.cluster
+@pytest.mark.multiprocess
+def test_a_search_job_cancelled_from_outside_ends_its_log_saying_how_far_it_got(
+    in_cluster, tmp_path
+):
+    """`scancel` of a running search job, as a user or an admin does it (SIGTERM to every
+    process of the job, SIGKILL KillWait later): the job's log ends with the search's stop
+    line, the evaluations kept and how to go on; mpirun's ranks, stopping, can't say it."""
+    from search import record
+
+    out, job_dir = tmp_path / "search", tmp_path / "search-job"
+    job_dir.mkdir()
+    script = job_dir / "job.sbatch"
+    script.write_text(slurm.search_script(SLURM, 2, 2, search_args(out, 40), job_dir, "search"))
+    assert 'exec python -m search.launch mpirun -n "$SLURM_NTASKS"' in script.read_text()
+    job = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=30
+    ).stdout.strip()
+    assert job.isdigit(), job
+    deadline = time.monotonic() + 180
+    while not record.evaluations(out):
+        assert in_queue(job), [x.read_text() for x in job_dir.glob("slurm-*.log")]
+        assert time.monotonic() < deadline, "no evaluation on disk in 180 s"
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    deadline = time.monotonic() + 60
+    while in_queue(job):
+        assert time.monotonic() < deadline, f"job {job} still in squeue 60 s after scancel"
+        time.sleep(0.5)
+    (log,) = job_dir.glob("slurm-*.log")
+    kept = len(record.evaluations(out))
+    assert 1 <= kept < 40
+    # the job's processes write the log at offsets of their own: a NUL can pad a gap
+    text = log.read_text(errors="replace").replace("\x00", "")
+    assert text.strip().splitlines()[-1] == (
+        f"[search] stopped by SIGTERM after {kept} evaluations, kept in {out}: "
+        "the same command continues it"
+    )
 
 
 @pytest.mark.cluster

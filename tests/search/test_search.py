@@ -405,7 +405,7 @@ def test_a_search_stopped_by_sigterm_says_so_last_and_how_to_go_on(tmp_path):
     out = tmp_path / "s"
     args = search_cmd(out, tmp_path / "m.db", "propulate", 8, n=2)
     args = args[args.index("search") + 1 :]  # what follows `python -m mpi4py -m search`
-    code = f"import sys; from pipeline.search import run_mpirun; sys.exit(run_mpirun(2, {args!r}))"
+    code = f"import sys; from search.launch import run_mpirun; sys.exit(run_mpirun(2, {args!r}))"
     errors = (tmp_path / "stderr").open("w+")
     proc = subprocess.Popen(
         [sys.executable, "-c", code], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=errors
