@@ -5,8 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-# Three workers (pytest-xdist) on two cores: two left the cores idle for a quarter of the
-# run while the tests waited on processes, DVC, Slurm, servers and timeouts (docs/testing.md);
-# each test file stays on one worker (its module fixtures built once), the longest files
-# first (tests/conftest.py).
-.venv/bin/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 "$@"
+# Two workers (pytest-xdist) on the two cores, which they keep busy: three made the run
+# slower (44m52s against 39m10s on a clean clone, docs/testing.md). Each test file stays on
+# one worker (its module fixtures built once), the longest files first (tests/conftest.py).
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"
