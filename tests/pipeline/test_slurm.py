@@ -64,6 +64,15 @@ def in_queue(job: str) -> bool:
     )
 
 
+def cancel(job: str, seconds: float) -> None:
+    """`scancel` the job as a user does, and wait until squeue no longer lists it."""
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    deadline = time.monotonic() + seconds
+    while in_queue(job):
+        assert time.monotonic() < deadline, f"job {job} still in squeue {seconds} s after scancel"
+        time.sleep(0.5)
+
+
 def p_with(slurm_cfg=SLURM):
     return {"experiments": {"slurm": slurm_cfg}}
 
@@ -125,11 +134,7 @@ def test_cancelled_job_resubmitted_resumes_from_its_checkpoint(in_cluster, tmp_p
     while not (out / "checkpoints" / "LATEST").exists():
         assert time.monotonic() < deadline, f"job {job} wrote no checkpoint in 180 s"
         time.sleep(0.5)
-    subprocess.run(["scancel", job], check=True, timeout=30)
-    deadline = time.monotonic() + 120
-    while in_queue(job):
-        assert time.monotonic() < deadline, f"job {job} still in squeue 120 s after scancel"
-        time.sleep(0.5)
+    cancel(job, 120)
     saved = int((out / "checkpoints" / "LATEST").read_text())
     assert 0 < saved < 400 and not (out / "summary.json").exists()
     assert slurm.run_slurm(p_with(), run, args, out) == 0
@@ -276,11 +281,7 @@ def test_a_search_job_cancelled_from_outside_ends_its_log_saying_how_far_it_got(
         assert in_queue(job), [x.read_text() for x in job_dir.glob("slurm-*.log")]
         assert time.monotonic() < deadline, "no evaluation on disk in 180 s"
         time.sleep(0.5)
-    subprocess.run(["scancel", job], check=True, timeout=30)
-    deadline = time.monotonic() + 60
-    while in_queue(job):
-        assert time.monotonic() < deadline, f"job {job} still in squeue 60 s after scancel"
-        time.sleep(0.5)
+    cancel(job, 60)
     (log,) = job_dir.glob("slurm-*.log")
     kept = len(record.evaluations(out))
     assert 1 <= kept < 40
