@@ -1,5 +1,6 @@
 """`python -m abtrain train --config FILE [--set key=value ...] --out DIR` (under torchrun);
-`check`, `prepare`, `compare`, `ui` (MLflow's web UI over the tracking store), and `plan`
+`check`, `prepare`, `compare`, `ui` (MLflow's web UI over the tracking store), `close` (a run
+stopped for its store, ended in MLflow), and `plan`
 (which method pays off on a given cluster and link, predicted without training)."""
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def command(argv: list[str] | None = None) -> int:
         from abtrain.commands import plan  # the time model: torch
 
         return plan.run(args)
+    if args.command == "close":  # MLflow's client, not torch
+        return _close(args.out)
 
     from abtrain.method.methods import check_world
 
@@ -63,6 +66,19 @@ def command(argv: list[str] | None = None) -> int:
         print(f"error: {in_use(one_line(err), args.config)}", file=sys.stderr)
         return 2
     return _train(cfg, args.out, launch, args.config)
+
+
+def _close(out: str) -> int:
+    from pathlib import Path
+
+    from abtrain.tracking.tracker import TrackingError, close_stopped
+
+    try:
+        print(f"[abtrain] {close_stopped(Path(out))}", flush=True)
+    except TrackingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def in_use(message: str, config: str) -> str:

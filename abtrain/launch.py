@@ -5,6 +5,7 @@ Its own bad arguments are one line and exit code 2, as the run's refusals are.""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import typing
 
@@ -46,7 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of python -m abtrain")
     ns = parser.parse_args(argv)
-    return run_local(ns.nnodes, ns.nproc_per_node, ns.args, max_restarts=ns.max_restarts)
+    try:
+        return run_local(ns.nnodes, ns.nproc_per_node, ns.args, max_restarts=ns.max_restarts)
+    except KeyboardInterrupt:  # in its first seconds, importing torch to check the run: once
+        # the nodes start, Ctrl-C stops them and says so (run_local)
+        print("[abtrain.launch] stopped (Ctrl-C) before any node started", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The command line of `python -m abtrain`: every command's arguments (train, check, prepare,
-compare, ui, plan), in one parser that the commands, the launcher and a SLURM stage all read
+compare, ui, plan, close), in one parser that the commands, the launcher and a SLURM stage all read
 (the launcher parses a `train` to refuse it before any torchrun). No command's code here:
 building it imports nothing heavy, so `--help` stays quick."""
 
@@ -48,6 +48,12 @@ def build_parser(kind: type[argparse.ArgumentParser] = argparse.ArgumentParser):
     ui.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--host", default="127.0.0.1", help="default: this machine only")
+    close = sub.add_parser(
+        "close",
+        help="end the MLflow run of a run stopped for its tracking store (exit 3) once the "
+        "store is back: send what it kept, mark it failed",
+    )
+    close.add_argument("out", help="the run folder (--out of the stopped run)")
     add_parser(sub)
     return parser
 

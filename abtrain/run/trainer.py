@@ -43,7 +43,8 @@ LOST = (
     "{}, but the tracking store is gone and tracking.required is true: start the run "
     "again once the store is back (it resumes from there and sends what the store missed), "
     "or start it again now with --set tracking.required=false and the same --out to train on "
-    "without it (it resumes too)"
+    "without it (it resumes too), or leave it stopped: `python -m abtrain close {}` once the "
+    "store is back marks its MLflow run failed"
 )
 
 
@@ -161,7 +162,7 @@ class Trainer:
         self.progress.close()
         self.summary = self._finish()
         if self.tracker.must_stop:
-            raise tracker.TrackingLost(LOST.format(f"finished (summary in {self.out})"))
+            raise tracker.TrackingLost(LOST.format(f"finished (summary in {self.out})", self.out))
 
     def _enter(self, step: int) -> torch.nn.Module:
         """The method's module for `step`, after any change of phase it makes; what
@@ -345,7 +346,9 @@ class Trainer:
                 self.checkpointer.publish(step)
         self.state.add_time(self.ab.phase.kind, "checkpoint", process.clock(self.device) - t0)
         if stop.item() == 2 and step < self.cfg.steps:
-            raise tracker.TrackingLost(LOST.format(f"stopped at the checkpoint of step {step}"))
+            raise tracker.TrackingLost(
+                LOST.format(f"stopped at the checkpoint of step {step}", self.out)
+            )
         if stop.item() and step < self.cfg.steps:
             if self.rank == 0:
                 atomic_write_text(self.out / "REQUEUE", f"{step}\n")

@@ -50,6 +50,8 @@ class TrackingLost(TrackingError):
 
 
 UNSENT = "mlflow_unsent.jsonl"  # in the run folder: what a lost store did not get
+# in the run folder of a run stopped for its store: which MLflow run `close` ends
+STOPPED = "mlflow_stopped.json"
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -350,6 +352,8 @@ class Tracker:
             self.client.update_run(run_id, status="RUNNING")
             self.run_name = self.client.get_run(run_id).info.run_name
             self._send_kept()
+            if self.out is not None:  # going on: no longer a stopped run to close
+                (self.out / STOPPED).unlink(missing_ok=True)
         else:
             name = self._distinct(name, tags)
             run = self.client.create_run(
@@ -566,6 +570,11 @@ class Tracker:
             # system metrics' thread (a daemon) is left to end with the process.
             self._monitor = None
             self._keep_unsent()
+            if self.out is not None:
+                from abtrain.files import write_record
+
+                record = dict(uri=self.uri, run_id=self.run_id, run_name=self.run_name)
+                write_record(self.out / STOPPED, {**record, "lost": self.lost})
             return
         if status == "FINISHED":
             self._headline()
@@ -653,3 +662,50 @@ class Tracker:
             self.client.set_tag(run_id, "mlflow.note.content", headline_note(figures, note))
         except Exception as err:
             print(f"[abtrain] warning: the run's description: {err}", file=sys.stderr)
+
+
+def close_stopped(out: Path) -> str:
+    """End the MLflow run of a run that stopped for its lost store (exit 3) and will not be
+    resumed, once the store is back: the values it kept are sent, the run marked failed
+    (finished, if it had written its summary). No process waits for the store meanwhile:
+    nothing of a run outlives it. Resuming the run later reopens the same MLflow run."""
+    record = out / STOPPED
+    if not record.exists():
+        raise TrackingError(
+            f"{out} holds no {STOPPED}: only a run that stopped for its tracking store "
+            "(exit 3) is closed so"
+        )
+    from abtrain.files import read_record
+
+    rec = read_record(record, ("uri", "run_id"))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    kept = out / UNSENT
+    rows = (
+        [json.loads(x) for x in kept.read_text().splitlines() if x.strip()] if kept.exists() else []
+    )
+    latest = out / "checkpoints" / "LATEST"
+    step = latest.read_text().strip() if latest.exists() else "?"
+    finished = (out / "summary.json").exists()
+    status = "FINISHED" if finished else "FAILED"
+    try:
+        client = MlflowClient(tracking_uri=rec["uri"])
+        for i in range(0, len(rows), 1000):
+            client.log_batch(rec["run_id"], metrics=[Metric(**r) for r in rows[i : i + 1000]])
+        why = f"stopped at the checkpoint of step {step}: tracking store lost ({rec.get('lost')})"
+        client.set_tag(rec["run_id"], "abtrain.stopped", why[:5000])
+        client.set_terminated(rec["run_id"], status)
+    except Exception as err:
+        raise TrackingError(
+            f"tracking store {rec['uri']} is not back ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:300]}); nothing changed in {out}"
+        ) from None
+    kept.unlink(missing_ok=True)
+    record.unlink()
+    return (
+        f"MLflow run {rec.get('run_name')!r} ({rec['run_id']}) marked {status.lower()}, "
+        f"{len(rows)} kept metric values sent; starting the run again still resumes it"
+    )

@@ -87,6 +87,21 @@ def test_a_signal_to_the_launchers_group_stops_every_rank_and_a_second_launch_is
             os.killpg(first.pid, signal.SIGKILL)
 
 
+def test_ctrl_c_while_the_launcher_starts_ends_it_in_one_line(tmp_path):
+    """Ctrl-C in the seconds the launcher spends importing torch to check the run (as a
+    study's Ctrl-C met it): one line and 130, not a traceback through the import machinery."""
+    proc = start(tmp_path, *DDP)
+    time.sleep(0.3)  # while it imports (or, on a fast machine, after: either way one line)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal sends it
+    _, err = proc.communicate(timeout=60)
+    said = err.decode()
+    assert proc.returncode == 128 + signal.SIGINT and "Traceback" not in said, said[-3000:]
+    lines = said.strip().splitlines()
+    assert lines == ["[abtrain.launch] stopped (Ctrl-C) before any node started"] or (
+        "[abtrain.launch] every node stopped;" in lines[-1]
+    ), said[-3000:]
+
+
 @pytest.fixture(scope="module")
 def killed_once(tmp_path_factory):
     """A ddp run on 2 ranks killed at step 35; checkpoints at 10, 20, 30 (two kept)."""

@@ -3,6 +3,7 @@ after the run's first evaluation, or a SQLite store another process holds locked
 and keeps what the server missed; with `true` it stops at its next checkpoint saying why,
 and, started again once the server is back, resumes there and sends what it kept."""
 
+import json
 import os
 import queue
 import signal
@@ -155,8 +156,10 @@ def test_the_advice_a_lost_server_gives_works_when_followed(tmp_path):
 def test_a_required_sqlite_store_held_locked_stops_the_run_and_nothing_is_lost(tmp_path):
     """Another process holds the SQLite store locked from the first evaluation on, past the
     checkpoints: the run stops at one with exit 3 (an artifact written meanwhile does not
-    count as the store being back), every value it logged waits in the unsent file, and
-    once the lock is gone the run resumes, sends them and ends FINISHED."""
+    count as the store being back), every value it logged waits in the unsent file. The
+    `close` its last line names is refused while the lock holds (nothing changed); once the
+    lock is gone it sends them and marks the MLflow run FAILED. Started again, the run
+    resumes the same MLflow run and ends it FINISHED."""
     import sqlite3
 
     from mlflow.tracking import MlflowClient
@@ -165,22 +168,40 @@ def test_a_required_sqlite_store_held_locked_stops_the_run_and_nothing_is_lost(t
     holder = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None, timeout=60)
     try:
         rc, out, err = train(tmp_path / "run", uri, True, lambda: holder.execute("BEGIN EXCLUSIVE"))
+        assert rc == 3, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        assert "stopped at the checkpoint of step" in last and "tracking.required is true" in last
+        assert f"python -m abtrain close {tmp_path / 'run'}" in last
+        kept = (tmp_path / "run" / "mlflow_unsent.jsonl").read_text()
+        close = [sys.executable, "-m", "abtrain", "close", str(tmp_path / "run")]
+        still = subprocess.run(close, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert still.returncode == 1 and still.stderr.count("\n") == 1, still.stderr[-3000:]
+        assert "is not back" in still.stderr and "nothing changed" in still.stderr
+        assert (tmp_path / "run" / "mlflow_unsent.jsonl").read_text() == kept
     finally:
         holder.close()
-    assert rc == 3, err[-3000:]
-    last = err.strip().splitlines()[-1]
-    assert "stopped at the checkpoint of step" in last and "tracking.required is true" in last
     assert "mlflow.db is back" not in err, err[-3000:]  # no write got through meanwhile
     assert not (tmp_path / "run" / "summary.json").exists()
-    kept = (tmp_path / "run" / "mlflow_unsent.jsonl").read_text().splitlines()
-    assert any('"val_top1"' in k for k in kept)
+    assert any('"val_top1"' in k for k in kept.splitlines())
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert run.info.status == "RUNNING"  # the store was locked to the end: nothing said yet
 
-    rc, out, err = train(tmp_path / "run", uri, True, None)  # the lock gone
+    # the lock gone
+    closed = subprocess.run(close, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert closed.returncode == 0, closed.stderr[-3000:]
+    assert f"marked failed, {len(kept.splitlines())} kept metric values sent" in closed.stdout
+    run = client.get_run(run.info.run_id)
+    assert run.info.status == "FAILED" and "step" in run.data.tags["abtrain.stopped"]
+    assert not (tmp_path / "run" / "mlflow_unsent.jsonl").exists()
+    rows = [json.loads(x) for x in kept.splitlines()]
+    sent = {m.step for m in client.get_metric_history(run.info.run_id, "val_top1")}
+    assert sent >= {r["step"] for r in rows if r["key"] == "val_top1"}
+
+    rc, out, err = train(tmp_path / "run", uri, True, None)  # started again after all
     assert rc == 0, err[-3000:]
     assert not (tmp_path / "run" / "mlflow_unsent.jsonl").exists()
+    assert not (tmp_path / "run" / "mlflow_stopped.json").exists()  # no longer one to close
     run = client.get_run(run.info.run_id)
     assert run.info.status == "FINISHED"
     logged = {m.step for m in client.get_metric_history(run.info.run_id, "val_top1")}
