@@ -71,12 +71,13 @@ def command(argv: list[str] | None = None) -> int:
 def _close(out: str) -> int:
     from pathlib import Path
 
+    from abtrain.files import RecordError
     from abtrain.tracking.tracker import TrackingError, close_stopped
 
     try:
         print(f"[abtrain] {close_stopped(Path(out))}", flush=True)
-    except TrackingError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (TrackingError, RecordError) as err:
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 1
     return 0
 

@@ -677,7 +677,8 @@ def close_stopped(out: Path) -> str:
         )
     from abtrain.files import read_record
 
-    rec = read_record(record, ("uri", "run_id"))
+    again = "start the run again with its command once the store is back: it resumes its MLflow run"
+    rec = read_record(record, ("uri", "run_id"), remake=again)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     from mlflow.entities import Metric

@@ -597,3 +597,21 @@ def test_a_training_run_records_its_search_record_and_what_tells_it_apart(tmp_pa
     note = t["mlflow.note.content"]
     assert "DVC experiment lucid-bass (from commit 0123456789ab)" in note
     assert t["git_commit"][:12] in note
+
+
+def test_close_names_a_folder_that_holds_no_stopped_run_or_a_damaged_record(tmp_path):
+    """`python -m abtrain close DIR` on a folder of a run that did not stop for its store,
+    and on one whose record a full disk cut short: one line naming the file, exit 1."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    close = [sys.executable, "-m", "abtrain", "close", str(tmp_path)]
+    proc = subprocess.run(close, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"{tmp_path} holds no mlflow_stopped.json" in proc.stderr
+    (tmp_path / "mlflow_stopped.json").write_text('{"uri": "sqlite:///m.db", "run_')
+    proc = subprocess.run(close, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert str(tmp_path / "mlflow_stopped.json") in proc.stderr, proc.stderr
