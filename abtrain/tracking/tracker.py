@@ -315,9 +315,7 @@ class Tracker:
         uri = cfg.tracking.uri or default_uri()
         if (why := damaged_store(uri)) is not None:  # whatever tracking.required says
             raise TrackingError(why)
-        # fail fast on a server that isn't there, instead of minutes of retries
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        fail_fast()
         from mlflow.tracking import MlflowClient
 
         try:
@@ -492,17 +490,16 @@ class Tracker:
 
     def _send_kept(self) -> None:
         """A resumed run sends what a lost store did not get before (then forgets it)."""
-        from mlflow.entities import Metric
-
-        path = self.out / UNSENT if self.out is not None else None
-        if path is None or not path.exists():
+        if self.out is None or not (kept := kept_metrics(self.out)):
             return
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        self._buffer = [Metric(**r) for r in rows] + self._buffer
+        self._buffer = kept + self._buffer
         self.flush()
         if not self._buffer:
-            path.unlink()
-            print(f"[abtrain] sent {len(rows)} kept metric values from {path}", flush=True)
+            (self.out / UNSENT).unlink()
+            print(
+                f"[abtrain] sent {len(kept)} kept metric values from {self.out / UNSENT}",
+                flush=True,
+            )
 
     def _keep_unsent(self) -> None:
         """Metrics the store never got, one JSON object a line (MLflow's fields), in the
@@ -664,6 +661,22 @@ class Tracker:
             print(f"[abtrain] warning: the run's description: {err}", file=sys.stderr)
 
 
+def fail_fast() -> None:
+    """A store that isn't there fails a request at once, instead of after minutes of retries."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+def kept_metrics(out: Path) -> list[Any]:
+    """The metric values a lost store did not get (`OUT/mlflow_unsent.jsonl`), as MLflow's."""
+    path = out / UNSENT
+    if not path.exists():
+        return []
+    from mlflow.entities import Metric
+
+    return [Metric(**json.loads(x)) for x in path.read_text().splitlines() if x.strip()]
+
+
 def close_stopped(out: Path) -> str:
     """End the MLflow run of a run that stopped for its lost store (exit 3) and will not be
     resumed, once the store is back: the values it kept are sent, the run marked failed
@@ -679,15 +692,10 @@ def close_stopped(out: Path) -> str:
 
     again = "start the run again with its command once the store is back: it resumes its MLflow run"
     rec = read_record(record, ("uri", "run_id"), remake=again)
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    from mlflow.entities import Metric
+    fail_fast()
     from mlflow.tracking import MlflowClient
 
-    kept = out / UNSENT
-    rows = (
-        [json.loads(x) for x in kept.read_text().splitlines() if x.strip()] if kept.exists() else []
-    )
+    rows = kept_metrics(out)
     latest = out / "checkpoints" / "LATEST"
     step = latest.read_text().strip() if latest.exists() else "?"
     finished = (out / "summary.json").exists()
@@ -695,7 +703,7 @@ def close_stopped(out: Path) -> str:
     try:
         client = MlflowClient(tracking_uri=rec["uri"])
         for i in range(0, len(rows), 1000):
-            client.log_batch(rec["run_id"], metrics=[Metric(**r) for r in rows[i : i + 1000]])
+            client.log_batch(rec["run_id"], metrics=rows[i : i + 1000])
         why = f"stopped at the checkpoint of step {step}: tracking store lost ({rec.get('lost')})"
         client.set_tag(rec["run_id"], "abtrain.stopped", why[:5000])
         client.set_terminated(rec["run_id"], status)
@@ -704,7 +712,7 @@ def close_stopped(out: Path) -> str:
             f"tracking store {rec['uri']} is not back ({type(err).__name__}: "
             f"{str(err).splitlines()[0][:300]}); nothing changed in {out}"
         ) from None
-    kept.unlink(missing_ok=True)
+    (out / UNSENT).unlink(missing_ok=True)
     record.unlink()
     return (
         f"MLflow run {rec.get('run_name')!r} ({rec['run_id']}) marked {status.lower()}, "
