@@ -148,6 +148,7 @@ def search_progress(
                     random_start=min(random_start, n),
                     hypervolume=curve,
                     last_rise=rises[-1] + 1 if rises else None,
+                    finished=len(seen),
                 )
             )
     return out

@@ -96,6 +96,10 @@ KNOBS = {  # how the verdict names a point's values, shortest first
     "ab.sigma_cutoff": ("cutoff", ".2f"),
     "optim.weight_decay": ("wd", ".3g"),
     "powersgd.rank": ("rank", "d"),
+    "localsgd.period": ("period", "d"),
+    "diloco.period": ("period", "d"),
+    "diloco.outer_lr": ("outer lr", ".2f"),
+    "diloco.outer_momentum": ("momentum", ".2f"),
     "optim.lr": ("lr", ".2g"),
 }
 
@@ -130,14 +134,22 @@ def verdict(data: dict[str, Any]) -> str:
         win = max(here, key=lambda r: r["point"]["best_top1"])
         p = win["point"]
         ab = [r["point"] for r in here if r["method"] == "ab" and r["point"] is not p]
+        # local SGD: what AB's low rank is measured against (syncing rarely, no factors)
+        local = [r["point"] for r in here if r["method"] == "localsgd" and r["point"] is not p]
         said.append(
             f"at ≤ {b:.0%} of DDP's inter-node bytes the best top-1 is {top1_of(p)}, "
             f"{p['method']} ({settings_of(p)}; {p['bytes_vs_ddp']:.0%} of the bytes, "
             f"{p['compression']:.2f}:1)"
             + (
-                f", AB's best {top1_of(ab[0])} at {ab[0]['compression']:.2f}:1"
+                f", AB's best {top1_of(ab[0])} at {ab[0]['bytes_vs_ddp']:.0%} of the bytes, "
+                f"{ab[0]['compression']:.2f}:1"
                 if ab
                 else (", AB has no point within it" if p["method"] != "ab" else "")
+            )
+            + (
+                f", local SGD's best {top1_of(local[0])} at {local[0]['bytes_vs_ddp']:.0%}"
+                if local
+                else ""
             )
         )
     ddp = [r for r in rows if r["method"] == "ddp" and r["budget"] == 1.0]
@@ -188,9 +200,10 @@ def with_length(data: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         ranked = sorted(here, key=lambda p: -long[id(p)])
         n = min(len(p["long_top1"]) for p in here)
         holds = [p["method"] for p in short] == [p["method"] for p in ranked]
+        first = short[0]["method"] == ranked[0]["method"]
         said.append(
             f"at {here[0]['long_steps']} steps ({n} seeds) the ranking within ≤ {b:.0%} "
-            + ("holds" if holds else "changes")
+            + ("holds" if holds else f"keeps {ranked[0]['method']} first" if first else "changes")
             + ": "
             + ", ".join(f"{p['method']} {long[id(p)]:.2f}%" for p in ranked)
         )
@@ -272,7 +285,11 @@ def progress_rows(data: dict[str, Any]) -> list[list[Any]]:
     for x in data["searches"]:
         n, last = x["evaluations"], x["last_rise"]
         where = (
-            "never (no finished point)"
+            (
+                "never: no finished point"
+                if not x.get("finished", 0)
+                else "never: its points add no area (at DDP's bytes, the reference)"
+            )
             if last is None
             else f"at {last} of {n}: "
             + ("still rising in its last third" if last > n - n / 3 else "flat since")

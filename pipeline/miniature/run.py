@@ -22,6 +22,22 @@ from pipeline.miniature.profile import PAPER, ROOT, miniature, overrides, valida
 
 SHARED_CIFAR10 = ROOT.parent / "shared" / "data" / "cifar10-jpg.tar.gz"
 MARK = ".paper-mini"
+# Each run keeps its last checkpoint and weights: ViT-B/16's ab run alone writes 3.7 GB, the
+# four runs about 7 GB (docs/testing.md); a disk that fills mid-run fails a stage an hour in
+DISK_NEEDED = 10e9
+
+
+def disk_shortfall(folder: Path) -> str | None:
+    """Why `folder` (or its nearest existing parent) cannot hold a miniature, or None."""
+    while not folder.exists():
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if free >= DISK_NEEDED:
+        return None
+    return (
+        f"the paper miniature writes about {DISK_NEEDED / 1e9:.0f} GB of checkpoints and "
+        f"weights; {folder} has {free / 1e9:.1f} GB free"
+    )
 
 
 # ---------------------------------------------------------------- the working copy
@@ -144,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     t0 = time.monotonic()
     out = Path(args.out).resolve()
+    if not args.no_repro and (why := disk_shortfall(out)):
+        raise SystemExit(f"error: {why}: choose another --out")
     fresh(out)
     src, counts = write_sources(out / "sources", Path(args.cifar10))
     paper = yaml.safe_load(PAPER.read_text())
