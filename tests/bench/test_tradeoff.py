@@ -291,3 +291,35 @@ def test_the_committed_state_holds_what_resumes_a_search_and_never_a_runs_weight
     assert state.restore(runs, kept) == 2
     assert (runs / "seeds" / "ab-b0.1-p0-s1" / "point.json").exists()
     assert (search / "evaluations.jsonl").read_text().count("\n") == 2
+
+
+def _point(method, top1, share, long=None, budget=0.4):
+    return dict(
+        method=method, backend="optuna", budget=None, id="t0", params={"optim.lr": 0.001},
+        best_top1=top1, best_top1_sd=0.5, rerun_seeds=3, bytes_vs_ddp=share, compression=1.0,
+        steps=160, chosen_at=[budget], long_at=[budget] if long else [], long_top1=long or [],
+        long_steps=640,
+    )  # fmt: skip
+
+
+def test_the_verdict_names_local_sgd_beside_ab_and_says_how_the_ranking_moves_with_length():
+    """At a budget: the winner, AB's best and local SGD's best (AB's low rank against syncing
+    less often); at 640 steps whether the order holds, keeps its first, or changes."""
+    data = dict(
+        budgets=[0.4],
+        searches=[],
+        points=[
+            _point("powersgd", 31.0, 0.1, long=[39.0, 39.0, 39.0]),
+            _point("localsgd", 30.0, 0.2, long=[38.0, 38.0, 38.0]),
+            _point("ab", 29.0, 0.35, long=[38.5, 38.5, 38.5]),
+        ],
+    )
+    said = verdict(data)
+    assert "the best top-1 is 31.00 ± 0.50% (3 other seeds), powersgd" in said
+    assert "AB's best 29.00 ± 0.50% (3 other seeds) at 35% of the bytes" in said
+    assert "local SGD's best 30.00 ± 0.50% (3 other seeds) at 20%" in said
+    assert "within ≤ 40% keeps powersgd first: powersgd 39.00%, ab 38.50%, localsgd 38.00%" in said
+    data["points"][2]["long_top1"] = [37.0] * 3
+    assert "within ≤ 40% holds: powersgd 39.00%, localsgd 38.00%, ab 37.00%" in verdict(data)
+    data["points"][0]["long_top1"] = [36.0] * 3
+    assert "within ≤ 40% changes: localsgd 38.00%" in verdict(data)

@@ -143,7 +143,7 @@ def test_the_generated_cifar100_archive_has_the_published_layout(tmp_path):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("paper-mini") / "mini"
-    if why := disk_shortfall(out):  # a full disk fails a stage minutes in, with no word why
+    if why := disk_shortfall(out):  # a full disk would fail a stage ten minutes in
         pytest.skip(why)
     repo = out / "repo"
     t0 = time.monotonic()
