@@ -15,7 +15,7 @@ copy of this repository, through the SLURM launcher, on generated data in the re
   class, through the ImageFolder path) where that file exists, else a generated CIFAR-10
   python archive.
 
-The matrix keeps ddp and ab for each model on 2 nodes. Every change to the paper's values is
+The matrix keeps ab of each model and ddp of VGG16 on 2 nodes. Every change to the paper's values is
 in `overrides()` of profile.py (path patterns over the params, run `set` lists read as key=value);
 nothing else differs, which tests/pipeline/test_paper_mini.py checks. By default the
 local SLURM cluster of the tests (tests/slurm_cluster.py: slurmctld and two slurmd nodes on
