@@ -3,6 +3,7 @@ marks of what it starts (the tiers: pyproject.toml). What the tests share: helpe
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -41,6 +42,20 @@ def _checked_popen_init(self, args, *rest, **kwargs):
 
 def pytest_configure(config):
     subprocess.Popen.__init__ = _checked_popen_init
+    _share_the_cores()
+
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist, each worker (and what it starts) gets its share of the cores, as
+    the launcher gives each rank its share: two workers of two threads each on 2 cores
+    left OpenMP's threads spinning in barriers for a core the other worker held (a
+    LAPACK SVD 100 times slower than alone)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):
