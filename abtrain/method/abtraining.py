@@ -378,7 +378,10 @@ class ABTraining:
     def _wrap(self, init_sync: bool) -> None:
         """DDP over this phase's group: the world, or this rank's A/B group or node."""
         t0, self.ddp = process.clock(self.device), None
-        gc.collect()  # the old wrapper's reducer must drop its autograd hooks first
+        # the old wrapper's reducer must drop its autograd hooks first: it is in a reference
+        # cycle, so only a full collection frees it (a loop that calls gc.freeze() once
+        # built keeps that short: abtrain.run.trainer does)
+        gc.collect()
         group = self.groups.group if self.phase.grouped else None
         if init_sync and group is None:
             sync.share_model(self.model, self.ledger, self.fanout)  # two hops, not DDP's one
