@@ -23,8 +23,8 @@ from pipeline.miniature.profile import PAPER, ROOT, miniature, overrides, valida
 SHARED_CIFAR10 = ROOT.parent / "shared" / "data" / "cifar10-jpg.tar.gz"
 MARK = ".paper-mini"
 # Each run keeps its last checkpoint and weights: ViT-B/16's ab run alone writes 3.7 GB, the
-# four held 9.7 GB at the peak measured (docs/testing.md); a disk that fills fails a stage
-# minutes in
+# four held 7.8 GB at the peak measured, the rest of the suite 2.8 GB beside them
+# (docs/testing.md); a disk that fills fails a stage minutes in
 DISK_NEEDED = 12e9
 
 
