@@ -9,7 +9,6 @@ and made again only after a failure.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import traceback
@@ -23,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from abtrain import config as abconfig
+from abtrain.commands.localrun import cores_each
 from abtrain.distributed.process import Launch
 from abtrain.method import methods
 from abtrain.run.trainer import Trainer, TrainingDiverged
@@ -169,7 +169,7 @@ def _max():
 def local_threads(comm: Any) -> None:
     """Share the node's cores among the ranks on it."""
     local = comm.Split_type(_shared()).size
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    torch.set_num_threads(cores_each(local))
 
 
 def _shared():

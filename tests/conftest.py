@@ -54,7 +54,9 @@ def _share_the_cores() -> None:
     if workers > 1:
         import torch
 
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+        from abtrain.commands.localrun import cores_each
+
+        os.environ.setdefault("OMP_NUM_THREADS", str(cores_each(workers)))
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
+from abtrain.commands.localrun import cores_each
+
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
 
@@ -89,7 +91,7 @@ def _worker(rank, world, nodes, init_file, fn, args, queue):
     # the cores shared out as the launcher shares them (OMP_NUM_THREADS): ranks with a
     # thread per core each, on 2 cores, spun in OpenMP's barriers; an SVD of a small layer
     # took 0.44 s instead of 4 ms, and the timm families 94 s
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(cores_each(world))
     os.environ["GROUP_RANK"] = str(nodes[rank])
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:

@@ -35,6 +35,13 @@ from abtrain.commands.preflight import refusal
 from abtrain.lifetime import die_with_parent
 
 
+def cores_each(processes: int) -> int:
+    """This machine's cores shared out over `processes` that run at once (at least one
+    each): more threads than cores leave OpenMP's threads spinning for a core another
+    process holds."""
+    return max(1, (os.cpu_count() or 1) // processes)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,9 +164,7 @@ def _node_env(
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     # torchrun sets OMP_NUM_THREADS=1 only for several ranks per node; one rank per "node"
     # would take every core, and ranks sharing this machine would fight over them.
-    env.setdefault(
-        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (nnodes * nproc_per_node)))
-    )
+    env.setdefault("OMP_NUM_THREADS", str(cores_each(nnodes * nproc_per_node)))
     return env
 
 
