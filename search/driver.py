@@ -19,8 +19,7 @@ import yaml
 from abtrain import config as abconfig
 from abtrain.files import write_record
 from abtrain.run.progress import duration
-from search import objective, progress, record, space
-from search.context import Context, search_base
+from search import progress, record, space
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -117,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         if world.rank == 0:
             print(f"error: {error}", file=sys.stderr)
         return 2
+    # torch only once the search starts: a search refused (its settings, --resume, its
+    # world) says so on each rank in a fraction of a second, and the pipeline's stage,
+    # which asks differing_settings() before it launches, imports no torch for it
+    from search import objective
+    from search.context import Context, search_base
+
     objective.local_threads(world)
     t = search_base(raw, scfg).tracking
     worker_root = world.rank % scfg.ranks_per_worker == 0  # the only ranks that log

@@ -6,6 +6,7 @@ and, started again once the server is back, resumes there and sends what it kept
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,18 +95,35 @@ def test_a_lost_server_does_not_stop_a_run_that_does_not_require_it(tmp_path):
     assert "Traceback" not in err
 
 
+@pytest.fixture(scope="module")
+def stopped_for_its_server(tmp_path_factory):
+    """A run that requires its server, the server SIGKILLed after the first evaluation: the
+    run stopped (made once; each test below goes on from a copy of it and of the store).
+    Returns (folder, port, exit code, stderr)."""
+    store = tmp_path_factory.mktemp("stopped")
+    port = free_port()
+    server = start_server(store, port)
+    try:
+        rc, _, err = train(store / "run", f"http://127.0.0.1:{port}", True, lambda: kill(server))
+    finally:
+        kill(server)
+    return store, port, rc, err
+
+
+def copy_of(stopped, tmp_path: Path) -> tuple[Path, str, int, str]:
+    """The stopped run and its store, copied to `tmp_path`: (folder, uri, exit code, stderr)."""
+    store, port, rc, err = stopped
+    shutil.copytree(store, tmp_path, dirs_exist_ok=True)
+    return tmp_path, f"http://127.0.0.1:{port}", rc, err
+
+
 def test_a_run_that_requires_its_server_stops_at_a_checkpoint_and_resumes_when_it_is_back(
-    tmp_path,
+    stopped_for_its_server, tmp_path
 ):
     from mlflow.tracking import MlflowClient
 
-    port = free_port()
-    uri = f"http://127.0.0.1:{port}"
-    server = start_server(tmp_path, port)
-    try:
-        rc, out, err = train(tmp_path / "run", uri, True, lambda: kill(server))
-    finally:
-        kill(server)
+    _, uri, rc, err = copy_of(stopped_for_its_server, tmp_path)
+    port = int(uri.rsplit(":", 1)[1])
     assert rc == 3  # as the README says: the store was lost, the run stopped whole
     assert "tracking.required is true" in err, err[-6000:]
     last = err.strip().splitlines()[-1]  # the cause, not a peer stopping with it
@@ -134,16 +152,10 @@ def test_a_run_that_requires_its_server_stops_at_a_checkpoint_and_resumes_when_i
         kill(server)
 
 
-def test_the_advice_a_lost_server_gives_works_when_followed(tmp_path):
+def test_the_advice_a_lost_server_gives_works_when_followed(stopped_for_its_server, tmp_path):
     """The run stops for its lost server and says to resume with `tracking.required=false`;
     resumed so, in the same folder, with the server still gone, it trains to the end."""
-    port = free_port()
-    server = start_server(tmp_path, port)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        rc, _, err = train(tmp_path / "run", uri, True, lambda: kill(server))
-    finally:
-        kill(server)
+    _, uri, rc, err = copy_of(stopped_for_its_server, tmp_path)
     assert rc == 3 and "tracking.required=false" in err, err[-3000:]
     stopped_at = int((tmp_path / "run" / "checkpoints" / "LATEST").read_text())
     rc, out, err = train(tmp_path / "run", uri, False, None)  # the advice, server still gone

@@ -27,13 +27,15 @@ def miniature(tmp_path):
     p["train"] = apply_overrides(p["train"], [*TINY, *mlflow])
     t = p["tradeoff"]
     # a random start of 2 trials (a third of 6) and of 4 individuals (2 workers: Propulate
-    # breeds from its 5th), 2 generations a worker past it; each method's 2 front points
-    # again at one other seed, the chosen one at twice the steps
+    # breeds from its 5th), 2 generations a worker past it; each method's best front point
+    # again at one other seed, and at twice the steps (several front points a method, and
+    # the choice among them, are the committed study's: its --render is tested in
+    # tests/bench/test_study.py)
     t.update(
         methods=["ddp", "ab"],
         budgets=[0.9],
         seeds=1,
-        front_points=2,
+        front_points=1,
         long_steps=48,
         startup=2,
         evaluations={"optuna": {"ddp": 2, "ab": 6}, "propulate": {"ab": 8}},
@@ -109,7 +111,7 @@ def test_the_study_searches_both_backends_resumes_and_reports_fronts_from_its_fi
     assert not left, f"still running after the study was killed: {left}"
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "run 1 of 9: finished, read from runs/tradeoff/ddp/optuna" in again.stdout
+    assert "run 1 of 7: finished, read from runs/tradeoff/ddp/optuna" in again.stdout
     assert ddp_rows.stat().st_mtime_ns == before  # the finished search was not run again
 
     out = tmp_path / "reports/tradeoff"
@@ -323,3 +325,25 @@ def test_the_verdict_names_local_sgd_beside_ab_and_says_how_the_ranking_moves_wi
     assert "within ≤ 40% holds: powersgd 39.00%, localsgd 38.00%, ab 37.00%" in verdict(data)
     data["points"][0]["long_top1"] = [36.0] * 3
     assert "within ≤ 40% changes: localsgd 38.00%" in verdict(data)
+
+
+def test_the_front_points_trained_again_are_a_methods_most_accurate_within_the_budget():
+    """The study trains each method's `front_points` most accurate front points within a
+    budget again (the miniature above: one a method): off the front, over the budget or
+    another method's point is never one of them."""
+    from bench.tradeoff.fronts import candidates
+
+    def pt(method, top1, share, front=True):
+        return dict(method=method, best_top1=top1, bytes_vs_ddp=share, front=front)
+
+    points = [
+        pt("ab", 30.0, 0.2),
+        pt("ab", 31.0, 0.3),
+        pt("ab", 32.0, 0.5),  # over the budget
+        pt("ab", 33.0, 0.1, front=False),
+        pt("ab", 29.0, 0.05),
+        pt("powersgd", 34.0, 0.1),
+    ]
+    assert [p["best_top1"] for p in candidates(points, "ab", 0.4, 2)] == [31.0, 30.0]
+    assert [p["best_top1"] for p in candidates(points, "ab", 0.4, 5)] == [31.0, 30.0, 29.0]
+    assert candidates(points, "diloco", 0.4, 2) == []
