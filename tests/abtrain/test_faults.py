@@ -63,7 +63,7 @@ def test_a_signal_to_the_launchers_group_stops_every_rank_and_a_second_launch_is
     first = start(tmp_path, *DDP, "steps=100000", "checkpoint_every=10")
     try:
         wait_for(tmp_path / "checkpoints" / "LATEST", first)
-        if sig == signal.SIGTERM:  # the refusal is the signal's business in none of the three
+        if sig == signal.SIGTERM:  # refused for the folder's lock, whatever the signal: once
             second = launch(
                 tmp_path, *DDP, "steps=100000", "checkpoint_every=10", nnodes=2, nproc=1
             )

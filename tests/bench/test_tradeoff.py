@@ -28,9 +28,8 @@ def miniature(tmp_path):
     t = p["tradeoff"]
     # a random start of 2 trials (a third of 6) and of 4 individuals (2 workers: Propulate
     # breeds from its 5th), 2 generations a worker past it; each method's best front point
-    # again at one other seed, and at twice the steps (several front points a method, and
-    # the choice among them, are the committed study's: its --render is tested in
-    # tests/bench/test_study.py)
+    # again at one other seed, and at twice the steps (which front points a method trains
+    # again when it has several: the test after the verdict's)
     t.update(
         methods=["ddp", "ab"],
         budgets=[0.9],
