@@ -110,11 +110,11 @@ def stopped_for_its_server(tmp_path_factory):
     return store, port, rc, err
 
 
-def copy_of(stopped, tmp_path: Path) -> tuple[Path, str, int, str]:
-    """The stopped run and its store, copied to `tmp_path`: (folder, uri, exit code, stderr)."""
+def copy_of(stopped, tmp_path: Path) -> tuple[int, int, str]:
+    """The stopped run and its store, copied to `tmp_path`: (port, exit code, stderr)."""
     store, port, rc, err = stopped
     shutil.copytree(store, tmp_path, dirs_exist_ok=True)
-    return tmp_path, f"http://127.0.0.1:{port}", rc, err
+    return port, rc, err
 
 
 def test_a_run_that_requires_its_server_stops_at_a_checkpoint_and_resumes_when_it_is_back(
@@ -122,8 +122,8 @@ def test_a_run_that_requires_its_server_stops_at_a_checkpoint_and_resumes_when_i
 ):
     from mlflow.tracking import MlflowClient
 
-    _, uri, rc, err = copy_of(stopped_for_its_server, tmp_path)
-    port = int(uri.rsplit(":", 1)[1])
+    port, rc, err = copy_of(stopped_for_its_server, tmp_path)
+    uri = f"http://127.0.0.1:{port}"
     assert rc == 3  # as the README says: the store was lost, the run stopped whole
     assert "tracking.required is true" in err, err[-6000:]
     last = err.strip().splitlines()[-1]  # the cause, not a peer stopping with it
@@ -155,7 +155,8 @@ def test_a_run_that_requires_its_server_stops_at_a_checkpoint_and_resumes_when_i
 def test_the_advice_a_lost_server_gives_works_when_followed(stopped_for_its_server, tmp_path):
     """The run stops for its lost server and says to resume with `tracking.required=false`;
     resumed so, in the same folder, with the server still gone, it trains to the end."""
-    _, uri, rc, err = copy_of(stopped_for_its_server, tmp_path)
+    port, rc, err = copy_of(stopped_for_its_server, tmp_path)
+    uri = f"http://127.0.0.1:{port}"
     assert rc == 3 and "tracking.required=false" in err, err[-3000:]
     stopped_at = int((tmp_path / "run" / "checkpoints" / "LATEST").read_text())
     rc, out, err = train(tmp_path / "run", uri, False, None)  # the advice, server still gone
