@@ -44,7 +44,8 @@ import yaml
 
 from abtrain import config as abconfig
 from abtrain.files import read_record
-from abtrain.predict.timing import MODEL_ERROR, ToTarget
+from abtrain.predict import MODEL_ERROR
+from abtrain.predict.timing import ToTarget
 from bench import study
 from bench.paper_scale import measured_mean, rate_bytes_per_s
 from pipeline.stage import parser, stage

@@ -104,7 +104,7 @@ def over_seeds(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_outputs(name: str, run: MatrixRun, cfg: abconfig.Config, summary: dict[str, Any]) -> None:
-    from abtrain.models import label
+    from abtrain.config import model_label as label
 
     result = dict(summary)
     result["run"] = dict(

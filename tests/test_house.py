@@ -8,6 +8,8 @@ reverse."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,3 +170,26 @@ def test_the_rules_see_what_they_forbid(tmp_path, monkeypatch):
     known = {"abtrain", "abtrain.a", "abtrain.b"}
     assert imports(tmp_path / "abtrain" / "a.py", "abtrain.a", known) == {"abtrain.b"}
     assert imports(tmp_path / "abtrain" / "b.py", "abtrain.b", known) == {"abtrain.a"}
+
+
+def test_the_stages_that_only_read_and_launch_import_no_torch():
+    """The report (the verdict's time-model tie included), a train stage's own process (its
+    ranks import torch) and the trade-off study's page read tables: importing torch would cost
+    each a second of CPU, ten reports and a dozen stages in a test run. A module that moves a
+    torch import to its top fails here, naming what pulled it in."""
+    code = (
+        "import sys, traceback\n"
+        "class Catch:\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'torch':\n"
+        "            at = [f for f in traceback.format_stack() if '<frozen' not in f]\n"
+        "            raise ImportError('torch imported by ' + ''.join(at[:-1]))\n"
+        "sys.meta_path.insert(0, Catch())\n"
+        "import pipeline.report, pipeline.train, bench.tradeoff.page\n"
+        "from pipeline.report import verdict\n"
+        "verdict.ties([])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -17,8 +17,8 @@ from abtrain.commands import localrun
 from abtrain.commands.cli import PLAN_ASSUMES
 from abtrain.commands.preflight import data_classes
 from abtrain.config import BASELINE, ConfigError, Method, load, training_diff
+from abtrain.predict import MODEL_ERROR
 from abtrain.predict.timing import (
-    MODEL_ERROR,
     Compute,
     ToTarget,
     link_bytes_per_s,

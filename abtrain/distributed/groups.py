@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch comes with the first group made: roles() is read without it
+    import torch.distributed as dist
 
 
 def node_id_from_env() -> int:
@@ -52,6 +54,8 @@ class ProcessGroups:
         self._made: dict[tuple[int, ...], dist.ProcessGroup] = {}
 
     def get(self, ranks: list[int]) -> dist.ProcessGroup:
+        import torch.distributed as dist
+
         key = tuple(sorted(ranks))
         if key not in self._made:
             self._made[key] = dist.new_group(list(key))  # collective over the world

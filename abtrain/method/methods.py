@@ -13,13 +13,16 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
 from abtrain.config import ConfigError
 from abtrain.distributed import groups
 
+# torch is imported where a hook is made, not here: the registry's questions (a method's
+# phases, groups, smallest world) are asked by the pipeline's stages and the report, which
+# would otherwise each import torch (a second of CPU) to read a table.
 if TYPE_CHECKING:
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
     from abtrain.config import Config
     from abtrain.distributed.ledger import Ledger
 
@@ -59,6 +62,8 @@ def _counted_powersgd_hook(ledger: Ledger) -> Callable:
     that records each all-reduce in `ledger`. PowerSGD issues its all-reduces from future
     callbacks, outside any hook we could wrap, so they are counted where they are made
     rather than re-derived; torch's own modules are left untouched."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
     view = ledger.counting_dist()
 
     def rebound(fn: Callable, **names: Any) -> Callable:
@@ -87,6 +92,8 @@ class PowerSGD(DDP):
 
     def comm_hook(self, cfg: Config, ledger: Ledger, group: dist.ProcessGroup) -> tuple[Any, Any]:
         if self.state is None:
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
             p = cfg.powersgd
             self.state = powerSGD_hook.PowerSGDState(
                 process_group=group,

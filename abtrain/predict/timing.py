@@ -86,11 +86,6 @@ def step_flops(cfg: Config, classes: int) -> float:
     return float(counter.get_total_flops())
 
 
-# the time model's error against the committed benchmark (tests/abtrain/test_plan_cli.py holds
-# every method's time to the target within it): methods predicted closer than this are a tie
-MODEL_ERROR = 0.10
-
-
 def link_bytes_per_s(text: str) -> float | None:
     """'200mbit', '1gbit', '25e9' (bytes/s) -> bytes/s; 'none' or 'unshaped' -> None."""
     t = text.strip().lower()

@@ -180,8 +180,8 @@ def validate(params: dict[str, Any], counts: dict[str, int]) -> dict[str, dict[s
     Returns each run's plan: model, method, nodes × ranks, steps, batch per rank.
     """
     from abtrain import config as abconfig
+    from abtrain.config import model_label as label
     from abtrain.method import methods
-    from abtrain.models import label
     from pipeline import matrix
     from search import space
 

@@ -84,8 +84,8 @@ def race(shape: dict[str, Any] | None, method: str) -> str:
 
 def ties(shapes: list[dict[str, Any]]) -> list[str]:
     """Where the measured first is not the model's: by how much it was ahead, which the
-    model's error covers (abtrain.predict.timing.MODEL_ERROR)."""
-    from abtrain.predict.timing import MODEL_ERROR
+    model's error covers (abtrain.predict.MODEL_ERROR)."""
+    from abtrain.predict import MODEL_ERROR
 
     said = []
     for s in shapes:
