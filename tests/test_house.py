@@ -172,11 +172,10 @@ def test_the_rules_see_what_they_forbid(tmp_path, monkeypatch):
     assert imports(tmp_path / "abtrain" / "b.py", "abtrain.b", known) == {"abtrain.a"}
 
 
-def test_the_stages_that_only_read_and_launch_import_no_torch():
-    """The report (the verdict's time-model tie included), a train stage's own process (its
-    ranks import torch) and the trade-off study's page read tables: importing torch would cost
-    each a second of CPU, ten reports and a dozen stages in a test run. A module that moves a
-    torch import to its top fails here, naming what pulled it in."""
+def test_the_report_and_the_studies_pages_import_no_torch():
+    """The report (the verdict's time-model tie included) and the trade-off study's page read
+    tables: importing torch would cost each a second of CPU, ten reports in a test run. A
+    module that moves a torch import to its top fails here, naming what pulled it in."""
     code = (
         "import sys, traceback\n"
         "class Catch:\n"
@@ -185,7 +184,7 @@ def test_the_stages_that_only_read_and_launch_import_no_torch():
         "            at = [f for f in traceback.format_stack() if '<frozen' not in f]\n"
         "            raise ImportError('torch imported by ' + ''.join(at[:-1]))\n"
         "sys.meta_path.insert(0, Catch())\n"
-        "import pipeline.report, pipeline.train, bench.tradeoff.page\n"
+        "import pipeline.report, bench.tradeoff.page\n"
         "from pipeline.report import verdict\n"
         "verdict.ties([])\n"
     )

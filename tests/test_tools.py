@@ -1,10 +1,12 @@
-"""The team's tools that are not the library: the CPU map of a command (tools/cpu_map.py)."""
+"""The team's tools that are not the library: the CPU map of a command (tools/cpu_map.py) and
+the sample of every process while it runs (tools/cpu_sample.py)."""
 
+import json
 import os
 import subprocess
 import sys
 
-from tools import cpu_map
+from tools import cpu_map, cpu_sample
 
 
 def test_the_cpu_map_logs_each_python_process_and_whether_it_imported_torch(tmp_path):
@@ -27,3 +29,24 @@ def test_the_cpu_map_logs_each_python_process_and_whether_it_imported_torch(tmp_
     assert "tests/x.py::t" in said and "(call)" not in said
     cpu_map.uninstall(venv)
     assert not hook.exists()
+
+
+def test_the_sample_counts_a_process_killed_by_sigkill_and_the_commands_exit_code(tmp_path):
+    """What the CPU map cannot see: a process that spins until `kill -9` (as a killed run's
+    ranks end) writes nothing at its exit, yet its CPU is in the sample, under its test."""
+    spin = "import time\nwhile True: pass  # spun-then-killed"
+    script = f"{sys.executable} -c '{spin}' & sleep 2.5; kill -9 $!; wait; exit 3"
+    out = tmp_path / "sample.json"
+    env = {**os.environ, "PYTEST_CURRENT_TEST": "tests/y.py::killed (call)"}
+    code = subprocess.run(
+        [sys.executable, "-m", "tools.cpu_sample", "run", str(out), "--", "sh", "-c", script],
+        env=env,
+        timeout=60,
+    ).returncode
+    assert code == 3  # the command's own exit code
+    procs = json.loads(out.read_text())["processes"]
+    (spun,) = [p for p in procs if "spun" in p["cmd"] and p["comm"].startswith("python")]
+    assert spun["cpu"] >= 1.0 and spun["test"] == "tests/y.py::killed"
+    said = cpu_sample.report(out)
+    assert said.splitlines()[1].startswith("idle % by minute: ")
+    assert "tests/y.py::killed" in said and "python -c" in said

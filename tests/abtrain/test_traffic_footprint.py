@@ -1,4 +1,5 @@
-"""The planner's storage predictions against what torch.save and a real run write."""
+"""The planner's storage predictions against what torch.save writes (against what a real run
+writes: test_an_ab_run_writes_what_the_planner_predicts in tests/abtrain/test_train.py)."""
 
 import io
 import json
@@ -11,10 +12,10 @@ import yaml
 
 from abtrain import config, models
 from abtrain.distributed.ledger import Ledger
-from abtrain.method import lowrank, schedule
+from abtrain.method import lowrank
 from abtrain.predict import footprint, timing, traffic
 from abtrain.run.runstate import RunState
-from tests.helpers import ROOT, launch, tiny_config
+from tests.helpers import ROOT, tiny_config
 
 
 def saved_size(obj) -> int:
@@ -108,48 +109,6 @@ def test_after_the_first_factorisation_every_group_writes_one_replica():
     assert c["in_ab_phase"] > 0
     nogroups = footprint.footprint(paper_config("method=ab_nogroups"), 32, 4, 1000, keep=0.5)
     assert nogroups.checkpoint["replicas"] == 1
-
-
-@pytest.mark.multiprocess
-def test_a_real_run_writes_what_the_planner_predicts(tmp_path):
-    """One AB run on 2 nodes x 2 ranks: its ledger rows, logs and checkpoint files."""
-    extra = ["method=ab", "keep_checkpoints=10", "tracking.ledger_rows=true"]
-    proc = launch(tmp_path, *extra)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    cfg = tiny_config(*extra)
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    ranks = [k for f in summary["factorizations"] for k in f["ranks"].values()]
-    keep = sum(ranks) / len(ranks) / cfg.model.width
-    s = traffic.sizes(cfg, 10, keep)
-    groups = traffic.ab_groups(cfg, 4, 2)
-    calls = footprint.ledger_calls(cfg, s, groups, 4, 2)
-
-    csv = (tmp_path / "ledger.csv").read_text().splitlines()[1:]
-    written = {}
-    for line in csv:
-        step, phase, op, n = line.split(",")[:4]
-        written[int(step), phase, op] = int(n)
-    assert written == calls  # every row, and how many collectives each one sums
-    jsonl = (tmp_path / "ledger.jsonl").read_text().splitlines()
-    assert len(jsonl) == sum(calls.values())
-    assert len((tmp_path / "train_log.csv").read_text().splitlines()) == cfg.steps + 1
-
-    carry = cfg.ab.optimizer_state == "carry"
-    for folder in sorted((tmp_path / "checkpoints").glob("step_*")):
-        step = int(folder.name.split("_")[1])
-        low_rank = step < cfg.steps and schedule.phase_at(step - 1, cfg).low_rank
-        if step <= cfg.ab.warmup_steps:  # one replica: the full-rank model
-            want = footprint.saved_replica_bytes(s, "full", "a", carry)
-        else:  # one per group: A and B kept beside W, and each group's own moments
-            kind = "ab" if low_rank else "rebound"
-            want = sum(footprint.saved_replica_bytes(s, kind, r, carry) for _, r in groups)
-        got = sum(p.stat().st_size for p in folder.glob("replica_*.pt"))
-        assert got == pytest.approx(want, rel=0.03), folder.name
-        evals = sum(e["step"] <= step for e in summary["evals"])
-        facts = sum(f["step"] < step for f in summary["factorizations"])
-        own = footprint.rank_state_bytes(s, evals, facts, cuda=False)
-        for p in folder.glob("rank_*.pt"):
-            assert p.stat().st_size == pytest.approx(own, rel=0.05), p
 
 
 def test_memory_per_gpu_counts_what_the_trainer_holds():

@@ -1,6 +1,7 @@
 """Real runs: `python -m abtrain.launch` starts two torchrun "nodes" of two gloo ranks each."""
 
 import csv
+import json
 import re
 import time
 from collections import Counter
@@ -11,11 +12,14 @@ import torch
 from abtrain import models
 from abtrain.distributed import ledger
 from abtrain.method import lowrank, schedule
-from abtrain.predict import traffic
+from abtrain.predict import footprint, traffic
 from abtrain.run import checkpointer
 from tests.helpers import launch, spawn, summary, tiny_config
 
 METHODS = ["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd", "localsgd", "diloco"]
+# The ab run keeps every checkpoint (a setting that changes no number the run computes):
+# test_an_ab_run_writes_what_the_planner_predicts reads each.
+RUN_SETS = {"ab": ("keep_checkpoints=10",)}
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +28,7 @@ def runs(tmp_path_factory):
     out = {}
     for method in METHODS:
         d = tmp_path_factory.mktemp(method)
-        proc = launch(d, f"method={method}")
+        proc = launch(d, f"method={method}", *RUN_SETS.get(method, ()))
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[method] = d
     return out
@@ -155,6 +159,48 @@ def test_replicas_end_merged_and_identical(runs):
         for key, value in states[0].items():
             for other in states[1:]:
                 assert torch.equal(value, other[key]), (method, key)
+
+
+@pytest.mark.multiprocess
+def test_an_ab_run_writes_what_the_planner_predicts(runs):
+    """The AB run on 2 nodes x 2 ranks: its ledger rows, logs and every checkpoint's files
+    against abtrain.predict.footprint (tests/abtrain/test_traffic_footprint.py tests its
+    arithmetic; this is the real run it predicts)."""
+    run = runs["ab"]
+    cfg = tiny_config("method=ab", *RUN_SETS["ab"])
+    summary = json.loads((run / "summary.json").read_text())
+    ranks = [k for f in summary["factorizations"] for k in f["ranks"].values()]
+    keep = sum(ranks) / len(ranks) / cfg.model.width
+    s = traffic.sizes(cfg, 10, keep)
+    groups = traffic.ab_groups(cfg, 4, 2)
+    calls = footprint.ledger_calls(cfg, s, groups, 4, 2)
+
+    csv = (run / "ledger.csv").read_text().splitlines()[1:]
+    written = {}
+    for line in csv:
+        step, phase, op, n = line.split(",")[:4]
+        written[int(step), phase, op] = int(n)
+    assert written == calls  # every row, and how many collectives each one sums
+    jsonl = (run / "ledger.jsonl").read_text().splitlines()
+    assert len(jsonl) == sum(calls.values())
+    assert len((run / "train_log.csv").read_text().splitlines()) == cfg.steps + 1
+
+    carry = cfg.ab.optimizer_state == "carry"
+    for folder in sorted((run / "checkpoints").glob("step_*")):
+        step = int(folder.name.split("_")[1])
+        low_rank = step < cfg.steps and schedule.phase_at(step - 1, cfg).low_rank
+        if step <= cfg.ab.warmup_steps:  # one replica: the full-rank model
+            want = footprint.saved_replica_bytes(s, "full", "a", carry)
+        else:  # one per group: A and B kept beside W, and each group's own moments
+            kind = "ab" if low_rank else "rebound"
+            want = sum(footprint.saved_replica_bytes(s, kind, r, carry) for _, r in groups)
+        got = sum(p.stat().st_size for p in folder.glob("replica_*.pt"))
+        assert got == pytest.approx(want, rel=0.03), folder.name
+        evals = sum(e["step"] <= step for e in summary["evals"])
+        facts = sum(f["step"] < step for f in summary["factorizations"])
+        own = footprint.rank_state_bytes(s, evals, facts, cuda=False)
+        for p in folder.glob("rank_*.pt"):
+            assert p.stat().st_size == pytest.approx(own, rel=0.05), p
 
 
 @pytest.mark.multiprocess
