@@ -5,6 +5,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from tools import cpu_map, cpu_sample
 
@@ -50,3 +52,22 @@ def test_the_sample_counts_a_process_killed_by_sigkill_and_the_commands_exit_cod
     said = cpu_sample.report(out)
     assert said.splitlines()[1].startswith("idle % by minute: ")
     assert "tests/y.py::killed" in said and "python -c" in said
+
+
+def test_a_sampler_killed_outright_takes_its_command_with_it(tmp_path):
+    pid_file = tmp_path / "pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    cmd = [sys.executable, "-m", "tools.cpu_sample", "run", str(tmp_path / "s.json"), "--"]
+    sampler = subprocess.Popen([*cmd, sys.executable, "-c", child])
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.1)
+    pid = int(pid_file.read_text())
+    sampler.kill()
+    sampler.wait()
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.1)  # gone, or a zombie no one reaps: either way it works no more
+    state = Path(f"/proc/{pid}/stat")
+    assert not state.exists() or state.read_text().rsplit(")", 1)[1].split()[0] == "Z"

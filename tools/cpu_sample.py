@@ -17,11 +17,14 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+from abtrain.lifetime import die_with_parent
 
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -69,7 +72,8 @@ def run(out: Path, command: list[str]) -> int:
     """Run `command`, sampling every second until it ends; write OUT (atomically)."""
     seen: dict[str, dict] = {}
     ticks = []
-    proc = subprocess.Popen(command)
+    # killed outright, the sampler takes its command with it, as if it had been killed itself
+    proc = subprocess.Popen(command, preexec_fn=lambda: die_with_parent(signal.SIGKILL))
     while True:
         ticks.append((time.time(), machine()))
         scan(seen)
