@@ -61,6 +61,7 @@ def scan(seen: dict[str, dict]) -> None:
         if key not in seen:
             seen[key] = {"pid": int(pid), "ppid": int(f[1]), "comm": comm, **_first_sight(pid)}
         seen[key]["cpu"] = (int(f[11]) + int(f[12])) / HZ
+        seen[key]["comm"] = comm  # its last: a launcher's forked child names itself torchrun
 
 
 def machine() -> list[int]:
@@ -89,6 +90,8 @@ def run(out: Path, command: list[str]) -> int:
 def kind(p: dict) -> str:
     """A process's kind: its program's name, and for Python the module it runs (mpi4py's
     and abtrain's with what they run: `python -m mpi4py -m search`, `python -m abtrain train`)."""
+    if p["comm"] == "pt_elastic":  # torchrun's name for itself, started or forked
+        return "torchrun (pt_elastic)"
     words = p["cmd"].split()
     if not p["comm"].startswith("python") or "-m" not in words[:-1]:
         return p["comm"] if not p["comm"].startswith("python") else "python " + " ".join(words[1:2])

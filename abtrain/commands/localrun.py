@@ -5,8 +5,10 @@ is its command:
 which starts two torchrun processes with a static rendezvous on 127.0.0.1; each acts as one node
 (torchrun's node rank becomes the node id in the traffic ledger).
 
-Each torchrun runs in a session of its own (and starts each rank in a session of its
-own), so signals are passed on by hand: a SIGTERM, SIGHUP or SIGINT to the launcher (a CI
+Each node's torchrun is this process forked (it has the torch the launcher's check already
+imported, a second and a half a node saved; its ranks start afresh, as every torchrun starts
+them) and runs in a session of its own (and starts each rank in a session of its own), so
+signals are passed on by hand: a SIGTERM, SIGHUP or SIGINT to the launcher (a CI
 timeout, `scancel`, a closed terminal) is passed on to every node, and the launcher returns
 128 + the signal's number once they have stopped. Nothing outlives what started it, even
 when that is killed outright (SIGKILL, the OOM killer): each torchrun gets SIGTERM when the
@@ -17,6 +19,7 @@ signal. What the last checkpoint saved is kept; the run resumes from it.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -27,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,7 +55,7 @@ def free_port() -> int:
 def torchrun_commands(
     nnodes: int, nproc_per_node: int, args: Sequence[str], port: int, max_restarts: int = 0
 ) -> list[list[str]]:
-    """One torchrun command per node.
+    """One torchrun command line per node (its arguments, after `torchrun`).
 
     Restarts across several nodes need the c10d rendezvous: under the static one each node's
     torchrun restarts its ranks on its own, at its own time, and the new ranks meet the old
@@ -68,9 +72,6 @@ def torchrun_commands(
         per_node = [[f"--node-rank={node}", *static] for node in range(nnodes)]
     return [
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
             f"--nnodes={nnodes}",
             f"--nproc-per-node={nproc_per_node}",
             *rendezvous,
@@ -108,7 +109,7 @@ def run_local(
         return 2
     env = _node_env(nnodes, nproc_per_node, env, max_restarts)
     logs = _log_folder(args)
-    procs: list[subprocess.Popen] = []
+    procs: list[Node] = []
     relays: list[threading.Thread] = []
     said: list[tuple[int, str]] = []  # (node, abtrain's error line), in the order printed
     unlogged: dict[int, str] = {}  # node: why its log could not be written
@@ -117,11 +118,12 @@ def run_local(
     code, failed, hung = 0, None, []
     try:
         cmds = torchrun_commands(nnodes, nproc_per_node, args, free_port(), max_restarts)
-        for node, cmd in enumerate(cmds):
+        for cmd in cmds:  # every node forked before any thread starts here
             procs.append(_start_node(cmd, env))
+        for node, proc in enumerate(procs):
             relay = threading.Thread(
                 target=_relay,
-                args=(procs[-1], stopping, logs / f"node-{node}.log", said, node, unlogged),
+                args=(proc, stopping, logs / f"node-{node}.log", said, node, unlogged),
             )
             relays.append(relay)
             relay.start()
@@ -168,19 +170,90 @@ def _node_env(
     return env
 
 
-def _start_node(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """One node's torchrun, in a session of its own, ended with this process."""
-    return subprocess.Popen(
-        cmd,
-        env=env,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=lambda: die_with_parent(signal.SIGTERM),
-    )
+def _start_node(argv: list[str], env: dict[str, str]) -> Node:
+    """One node's torchrun (`argv`: its arguments), in a session of its own, ended with this
+    process: this process forked, which has torch imported already (the launcher's check
+    built the model), where `python -m torch.distributed.run` would import it again. Call it
+    while this process runs no other thread: a lock another thread held at the fork would
+    stay held in the child."""
+    read, write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the node: it never returns to the launcher's code
+        code = 1
+        try:
+            os.close(read)
+            os.dup2(write, 2)
+            os.close(write)
+            os.setsid()
+            for sig in STOP_SIGNALS:  # a fresh Python's handlers, not the launcher's
+                signal.signal(sig, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            die_with_parent(signal.SIGTERM)
+            os.environ.clear()
+            os.environ.update(env)
+            # the streams and log handlers of a fresh process on fds 1 and 2: the caller's
+            # (a test's capture, say) would keep torchrun's report from the node's log
+            sys.stdout = open(1, "w", buffering=1, closefd=False)
+            sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
+            logging.root.handlers.clear()
+            code = _torchrun(argv)
+        finally:
+            os._exit(code)
+    os.close(write)
+    return Node(pid, os.fdopen(read, "rb"))
+
+
+def _torchrun(argv: list[str]) -> int:
+    """torchrun's own entry point, run in this process; its exit code as `python -m
+    torch.distributed.run` would give it (1 and the traceback, which holds torchrun's
+    report of the failed ranks, for what it raises)."""
+    try:
+        from torch.distributed.run import main
+
+        main(argv)
+        return 0
+    except SystemExit as exit:
+        if exit.code is None or isinstance(exit.code, int):
+            return exit.code or 0
+        print(exit.code, file=sys.stderr)
+        return 1
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+class Node:
+    """A node's torchrun as the launcher watches it: its pid, its stderr, and its exit code
+    once it ended (negative: the signal that killed it), as `subprocess.Popen` gives them."""
+
+    def __init__(self, pid: int, stderr: typing.IO[bytes]) -> None:
+        self.pid, self.stderr = pid, stderr
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"node {self.pid}", timeout)
+            time.sleep(0.05)
+        return self.returncode
 
 
 def _watch(
-    procs: list[subprocess.Popen], grace: float, said: list[tuple[int, str]]
+    procs: list[Node], grace: float, said: list[tuple[int, str]]
 ) -> tuple[int, int | None, list[int]]:
     """Wait for every node; after the first failure the others get `grace` seconds.
     Returns (exit code, the first node that failed, the nodes that did not answer)."""
@@ -317,7 +390,7 @@ def _cause(line: str) -> str | None:
 
 
 def _relay(
-    proc: subprocess.Popen,
+    proc: Node,
     stopping: threading.Event,
     log: Path,
     said: list[tuple[int, str]],
@@ -396,7 +469,7 @@ def _raise_stopped(signum: int, _frame: object) -> None:
     raise Stopped(signum)
 
 
-def _stop(procs: list[subprocess.Popen], hung: Sequence[int] = ()) -> None:
+def _stop(procs: list[Node], hung: Sequence[int] = ()) -> None:
     """Every node still running: SIGTERM (and SIGCONT, which a stopped node needs to act on
     it), then SIGKILL after 10 s; a node that did not answer (`hung`) SIGKILL at once (its
     ranks follow their torchrun: `die_with_parent`)."""

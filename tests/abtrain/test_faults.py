@@ -48,6 +48,10 @@ def processes_of(out: Path) -> list[int]:
     return pids
 
 
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -343,13 +347,8 @@ def test_a_nodes_torchrun_killed_outright_ends_the_run_at_once_saying_so(tmp_pat
     first = start(tmp_path, *DDP, "steps=100000", "checkpoint_every=10")
     try:
         wait_for(tmp_path / "checkpoints" / "LATEST", first)
-        node1 = [
-            pid
-            for pid in processes_of(tmp_path)
-            if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
-            and b"--node-rank=1" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        ]
-        assert len(node1) == 1
+        node1 = [pid for pid in node_processes(tmp_path, 1) if parent_of(pid) == first.pid]
+        assert len(node1) == 1, node1  # its torchrun, the launcher's child
         t0 = time.monotonic()
         os.kill(node1[0], signal.SIGKILL)
         _, err = first.communicate(timeout=60)
@@ -424,17 +423,17 @@ def test_the_launcher_refuses_its_own_arguments_and_the_worlds_misfits_in_one_li
 
 
 def node_processes(out: Path, node: int) -> list[int]:
-    """The processes of one node of the run: its torchrun and its ranks."""
-    found = []
+    """The processes of one node of the run: the ranks its torchrun told they are on that
+    node, and their parent, the torchrun."""
+    ranks = []
     for pid in processes_of(out):
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"--node-rank={node}".encode() in cmd or f"GROUP_RANK={node}".encode() in environ:
-            found.append(pid)
-    return found
+        if f"GROUP_RANK={node}".encode() in environ:
+            ranks.append(pid)
+    return sorted({*ranks, *(parent_of(pid) for pid in ranks)})
 
 
 @pytest.mark.parametrize("node", [1, 0], ids=["node1", "node0-the-store"])
