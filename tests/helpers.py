@@ -112,7 +112,10 @@ def spawn(fn, world: int = 4, ranks_per_node: int = 2, args: tuple = ()) -> list
     """Run fn(rank, world, *args) on `world` real gloo ranks; returns each rank's result."""
     require_marks({"multiprocess"}, f"spawn({getattr(fn, '__name__', fn)}, world={world})")
     nodes = [r // ranks_per_node for r in range(world)]
-    ctx = mp.get_context("spawn")
+    # forked from a server that imported torch once for this test process: a rank started
+    # afresh spends 3 s of a CI core importing it, and these tests start some forty
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["tests.helpers", "torch._dynamo"])
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as d:
         procs = [
