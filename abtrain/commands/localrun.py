@@ -174,8 +174,9 @@ def _start_node(argv: list[str], env: dict[str, str]) -> Node:
     """One node's torchrun (`argv`: its arguments), in a session of its own, ended with this
     process: this process forked, which has torch imported already (the launcher's check
     built the model), where `python -m torch.distributed.run` would import it again. Call it
-    while this process runs no other thread: a lock another thread held at the fork would
-    stay held in the child."""
+    before this process starts threads that take locks (the relays write to stderr): a lock
+    another thread held at the fork stays held in the child. (A pipeline stage's watch on its
+    runner, `die_with_runner`, only waits in `select`.)"""
     read, write = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
