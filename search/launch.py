@@ -36,9 +36,9 @@ def mpirun_command(ranks: int | str, args: Sequence[str], *, here: bool = True) 
     `here`: for this machine, this interpreter and the mpirun beside it (pip's Open MPI 5),
     with `--oversubscribe` (more ranks than cores is fine) and a rank that waits on the
     others (while one evaluates, or talks to the store) sleeping a millisecond between
-    looks instead of spinning a core the evaluating rank needs (CPU-s of a 4-rank search
-    here: 30 -> 25); else (a batch script on the cluster's nodes) `mpirun` and `python` as
-    the script's PATH finds them, one rank a slot.
+    looks instead of spinning a core the evaluating rank needs (docs/testing.md measures
+    it); else (a batch script on the cluster's nodes) `mpirun` and `python` as the script's
+    PATH finds them, one rank a slot.
     """
     if here:
         mpirun, python = str(Path(sys.executable).parent / "mpirun"), sys.executable

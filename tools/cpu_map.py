@@ -9,8 +9,8 @@
 A line: the process's own CPU time (user + system), whether it imported torch, the test that
 started it (`PYTEST_CURRENT_TEST`, which children inherit) and its command line. A process
 that ends by SIGKILL or `os._exit` (a DataLoader's workers, a killed run, the torchruns the
-launcher forks) writes none, and
-programs that are not Python (mpirun, slurmd, Chromium) are not counted.
+launcher forks) writes none, and programs that are not Python (mpirun, slurmd, Chromium) are
+not counted.
 """
 
 from __future__ import annotations

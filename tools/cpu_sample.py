@@ -61,7 +61,7 @@ def scan(seen: dict[str, dict]) -> None:
         if key not in seen:
             seen[key] = {"pid": int(pid), "ppid": int(f[1]), "comm": comm, **_first_sight(pid)}
         seen[key]["cpu"] = (int(f[11]) + int(f[12])) / HZ
-        seen[key]["comm"] = comm  # its last: a launcher's forked child names itself torchrun
+        seen[key]["comm"] = comm  # its last: torchrun renames itself pt_elastic
 
 
 def machine() -> list[int]:

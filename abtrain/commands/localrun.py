@@ -200,6 +200,8 @@ def _start_node(argv: list[str], env: dict[str, str]) -> Node:
             sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
             logging.root.handlers.clear()
             code = _torchrun(argv)
+        except BaseException:  # before torchrun began: said in the node's log all the same
+            traceback.print_exc()
         finally:
             os._exit(code)
     os.close(write)
@@ -215,10 +217,10 @@ def _torchrun(argv: list[str]) -> int:
 
         main(argv)
         return 0
-    except SystemExit as exit:
-        if exit.code is None or isinstance(exit.code, int):
-            return exit.code or 0
-        print(exit.code, file=sys.stderr)
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
         return 1
     except BaseException:
         traceback.print_exc()
