@@ -41,12 +41,12 @@ def die_with_runner(sig: int) -> None:
     shell = os.getppid()
     if _comm(shell) not in SHELLS:
         return
-    runner = parent_of(shell)
+    runner = _parent_of(shell)
     try:
         fd = os.pidfd_open(runner)
     except (OSError, AttributeError):
         return
-    if parent_of(shell) != runner:  # the runner died before the watch began
+    if _parent_of(shell) != runner:  # the runner died before the watch began
         os._exit(128 + int(sig))
     threading.Thread(target=_signal_on_exit, args=(fd, sig), daemon=True).start()
 
@@ -64,7 +64,7 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def parent_of(pid: int) -> int:
+def _parent_of(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat") as f:
             # the name, field 2, is in parentheses and may hold spaces; the parent is field 4

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from abtrain.lifetime import parent_of
 from abtrain.run import checkpointer
 from tests.helpers import PARAMS, ROOT, TINY, launch, summary
 
@@ -48,6 +47,10 @@ def processes_of(out: Path) -> list[int]:
         if str(out).encode() in cmdline and state != "Z":
             pids.append(int(entry.name))
     return pids
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
