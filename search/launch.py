@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,6 +62,15 @@ def run(cmd: list[str]) -> int:
     env = dict(os.environ)
     if os.geteuid() == 0:  # Open MPI refuses root unless told
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    # Open MPI keeps its session files in $TMPDIR/ompi.<mpirun's pid>, and an mpirun killed
+    # outright leaves them there: a later mpirun given the same pid by the kernel fails on
+    # them ("The PMIx server's listener thread failed to start", exit 213). Each mpirun
+    # gets a folder of its own (other nodes' daemons create the same path, and leave it).
+    with tempfile.TemporaryDirectory(prefix="search-mpirun-", ignore_cleanup_errors=True) as tmp:
+        return _run_to_end(cmd, {**env, "TMPDIR": tmp})
+
+
+def _run_to_end(cmd: list[str], env: dict[str, str]) -> int:
     # mpirun goes when its parent goes, by any signal (SIGTERM: it stops its ranks), and
     # holds what the parent holds (a study's lock, `abtrain.files.hold`) until it is gone
     proc = subprocess.Popen(

@@ -1,14 +1,13 @@
-"""The search for real: `mpirun -n 4 python -m mpi4py -m search`, killed and resumed."""
+"""The search for real: `python -m search.launch mpirun -n 4 python -m mpi4py -m search`,
+killed and resumed."""
 
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import pytest
@@ -35,7 +34,9 @@ TINY_TRAIN = "search.train=[{}]".format(
 
 
 def search_cmd(out: Path, db: Path, backend: str, evaluations: int, *extra: str, n: int = 4):
-    return mpirun_command(
+    """The search as the stage, a study and a SLURM job run it: its mpirun under
+    `search.launch`."""
+    return [sys.executable, "-m", "search.launch"] + mpirun_command(
         n,
         [
             "--backend",
@@ -53,32 +54,22 @@ def search_cmd(out: Path, db: Path, backend: str, evaluations: int, *extra: str,
     )
 
 
-ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+def run(cmd, timeout=300, env=os.environ):
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def run(cmd, timeout=300):
-    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
-
-
-def kill_after(cmd, out: Path, rows: int, timeout=240, also: Path | None = None, tries=2):
+def kill_after(cmd, out: Path, rows: int, timeout=240, also: Path | None = None, env=os.environ):
     """Start the search, and SIGKILL the whole job once `rows` evaluations (and `also`) are
-    on disk. An mpirun that ends before the search's first evaluation (once in CI: exit 213
-    with its output unseen) is started again, once, its output shown as a warning."""
+    on disk."""
     said = out.parent / f"{out.name}-killed.log"  # what it printed, for a failure's message
     with open(said, "wb") as log:
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     deadline = time.monotonic() + timeout
     try:
         while len(record.evaluations(out)) < rows or also and not also.exists():
             tail = said.read_text(errors="replace")[-3000:]
-            if proc.poll() is not None and not record.evaluations(out) and tries > 1:
-                warnings.warn(f"mpirun ended ({proc.returncode}) first:\n{tail}", stacklevel=2)
-                shutil.rmtree(out, ignore_errors=True)  # and the store it began to write
-                for db in [a.split("sqlite:///")[1] for a in cmd if "sqlite:///" in a]:
-                    Path(db).unlink(missing_ok=True)
-                return kill_after(cmd, out, rows, timeout, also, tries - 1)
             assert proc.poll() is None, f"the search ended ({proc.returncode}) first:\n{tail}"
             assert time.monotonic() < deadline, f"no evaluations in time:\n{tail}"
             time.sleep(0.5)
@@ -111,6 +102,22 @@ def assert_progress_lines(stdout: str, total: int, reached: int | None = None) -
     assert any(
         re.match(rf"\[search w\d\] \S+ started \(\d+ of {total} evaluations", x) for x in lines
     )
+
+
+def every_pid_left_behind_by(session: Path, tmp: Path) -> None:
+    """Open MPI's session folder `session` (`ompi.<pid>`, its rendezvous files named after
+    that pid) copied into `tmp` under the name of every pid the kernel can give."""
+    pid = session.name.split(".")[1]
+    files = [f for f in session.iterdir() if f.is_file()]
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    last = int(Path("/proc/loadavg").read_text().split("/")[-1].split()[1])
+    for other in ((last + i) % pid_max for i in range(min(pid_max, 1 << 16))):
+        copy = tmp / f"ompi.{other}"
+        if copy == session:
+            continue
+        copy.mkdir()
+        for f in files:
+            os.link(f, copy / f.name.replace(pid, str(other)))
 
 
 @pytest.mark.multiprocess
@@ -245,19 +252,27 @@ def test_a_checkpoint_without_one_workers_individuals_resumes_to_its_budget(tmp_
     """Killed after Propulate's first dump but before the dumping worker had received the
     other worker's results: the checkpoint holds one worker's individuals only, as such a
     kill leaves it. Propulate alone fails that worker on max() of an empty sequence (and the
-    other waits for it); the search gives it a stand-in and runs to its budget."""
+    other waits for it); the search gives it a stand-in and runs to its budget.
+    The kill also leaves mpirun's session files (`$TMPDIR/ompi.<pid>`): the resumed
+    search's mpirun, given that pid by the kernel, must not trip on them (it did: exit 213,
+    "The PMIx server's listener thread failed to start"); here every pid is a killed one's."""
     import pickle
 
     out, db = tmp_path / "search", tmp_path / "mlflow.db"
     budget = 6
     cmd = search_cmd(out, db, "propulate", budget, "--set", "train.tracking.enabled=false")
     ckpt = out / "checkpoints" / "island_0_ckpt.pickle"
-    kill_after(cmd, out, rows=1, also=ckpt)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    kill_after(cmd, out, rows=1, also=ckpt, env=env)
+    (left,) = tmp.glob("search-mpirun-*/ompi.*")
+    every_pid_left_behind_by(left, tmp)
     population = pickle.loads(ckpt.read_bytes())
     kept = population[0].rank
     ckpt.write_bytes(pickle.dumps([ind for ind in population if ind.rank == kept]))
 
-    resumed = run(cmd + ["--resume"])
+    resumed = run(cmd + ["--resume"], env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"no individual of island 0's worker(s) {1 - kept} yet" in resumed.stdout
     rows = record.evaluations(out)
@@ -407,8 +422,14 @@ def test_a_search_stopped_by_sigterm_says_so_last_and_how_to_go_on(tmp_path):
     args = args[args.index("search") + 1 :]  # what follows `python -m mpi4py -m search`
     code = f"import sys; from search.launch import run_mpirun; sys.exit(run_mpirun(2, {args!r}))"
     errors = (tmp_path / "stderr").open("w+")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=errors
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        stdout=subprocess.DEVNULL,
+        stderr=errors,
     )
     try:
         deadline = time.monotonic() + 240
@@ -427,6 +448,7 @@ def test_a_search_stopped_by_sigterm_says_so_last_and_how_to_go_on(tmp_path):
         f"[search] stopped by SIGTERM after {done} evaluations, kept in {out}: the same "
         "command continues it"
     ), lines[-3:]
+    assert not list(tmp.iterdir())  # mpirun's session files went with it
 
 
 def test_optuna_hands_the_trials_after_its_random_start_to_tpe():
