@@ -50,6 +50,8 @@ def processes_of(out: Path) -> list[int]:
 
 
 def parent_of(pid: int) -> int:
+    """Raises for a process that is gone, unlike `abtrain.lifetime`'s (0): the tests signal
+    what this finds, and a signal to pid 0 is one to the test's own process group."""
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
