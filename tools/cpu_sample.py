@@ -92,6 +92,8 @@ def kind(p: dict) -> str:
     and abtrain's with what they run: `python -m mpi4py -m search`, `python -m abtrain train`)."""
     if p["comm"] == "pt_elastic":  # torchrun's name for itself, started or forked
         return "torchrun (pt_elastic)"
+    if p["comm"].startswith("abtrain rank"):  # a rank forked from its torchrun (localrun)
+        return "python -m abtrain train"
     words = p["cmd"].split()
     if not p["comm"].startswith("python") or "-m" not in words[:-1]:
         return p["comm"] if not p["comm"].startswith("python") else "python " + " ".join(words[1:2])

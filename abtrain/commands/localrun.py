@@ -6,15 +6,18 @@ which starts two torchrun processes with a static rendezvous on 127.0.0.1; each 
 (torchrun's node rank becomes the node id in the traffic ledger).
 
 Each node's torchrun is this process forked (it has the torch the launcher's check already
-imported, a second and a half a node saved; its ranks start afresh, as every torchrun starts
-them) and runs in a session of its own (and starts each rank in a session of its own), so
-signals are passed on by hand: a SIGTERM, SIGHUP or SIGINT to the launcher (a CI
-timeout, `scancel`, a closed terminal) is passed on to every node, and the launcher returns
-128 + the signal's number once they have stopped. Nothing outlives what started it, even
-when that is killed outright (SIGKILL, the OOM killer): each torchrun gets SIGTERM when the
-launcher dies, and each rank SIGKILL when its torchrun dies (`die_with_parent`); a node
-whose torchrun was killed stops the run at once, and the launcher returns 128 + that
-signal. What the last checkpoint saved is kept; the run resumes from it.
+imported, a second and a half a node saved) and runs in a session of its own, as does each
+of its ranks. Where each rank gets one thread and there is no GPU (this 2-core machine's
+case, and CI's) the ranks are that torchrun forked in turn, with what a rank imports
+imported once here (`forks_ranks`: some three CPU-seconds a rank saved, the same numbers);
+elsewhere, and on a cluster, torchrun starts each afresh (`python -u -m abtrain ...`). So
+signals are passed on by hand: a SIGTERM, SIGHUP or SIGINT to the launcher (a CI timeout,
+`scancel`, a closed terminal) is passed on to every node, and the launcher returns 128 + the
+signal's number once they have stopped. Nothing outlives what started it, even when that is
+killed outright (SIGKILL, the OOM killer): each torchrun gets SIGTERM when the launcher
+dies, and each rank SIGKILL when its torchrun dies (`die_with_parent`); a node whose
+torchrun was killed stops the run at once, and the launcher returns 128 + that signal. What
+the last checkpoint saved is kept; the run resumes from it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import runpy
 import shutil
 import signal
 import socket
@@ -118,8 +122,11 @@ def run_local(
     code, failed, hung = 0, None, []
     try:
         cmds = torchrun_commands(nnodes, nproc_per_node, args, free_port(), max_restarts)
+        fork = forks_ranks(env)
+        if fork:
+            _import_what_a_rank_imports()
         for cmd in cmds:  # every node forked before any thread starts here
-            procs.append(_start_node(cmd, env))
+            procs.append(_start_node(cmd, env, fork))
         for node, proc in enumerate(procs):
             relay = threading.Thread(
                 target=_relay,
@@ -170,7 +177,30 @@ def _node_env(
     return env
 
 
-def _start_node(argv: list[str], env: dict[str, str]) -> Node:
+def forks_ranks(env: dict[str, str]) -> bool:
+    """Whether each node's torchrun forks its ranks from itself (they then start with torch
+    and abtrain imported, some three CPU-seconds a rank saved) rather than start them
+    afresh: where each rank gets one thread and the machine has no GPU. GNU OpenMP's
+    threads do not survive a fork (a forked process that asks for more than one, after its
+    parent had some, waits for them for ever), and CUDA, once looked for, not always: a
+    GPU's ranks start afresh, as a cluster's do."""
+    import torch
+
+    return env.get("OMP_NUM_THREADS") == "1" and not torch.cuda.is_available()
+
+
+FORKED = "this node's ranks are its torchrun forked (one thread each: abtrain.commands.localrun)"
+
+
+def _import_what_a_rank_imports() -> None:
+    """What a rank imports before it trains, imported once here for every forked rank;
+    torch._dynamo too, which the optimizer's first call would import in each rank."""
+    import torch._dynamo  # noqa: F401
+
+    import abtrain.run.trainer  # noqa: F401
+
+
+def _start_node(argv: list[str], env: dict[str, str], fork_ranks: bool = False) -> Node:
     """One node's torchrun (`argv`: its arguments), in a session of its own, ended with this
     process: this process forked, which has torch imported already (the launcher's check
     built the model), where `python -m torch.distributed.run` would import it again. Call it
@@ -199,7 +229,7 @@ def _start_node(argv: list[str], env: dict[str, str]) -> Node:
             sys.stdout = open(1, "w", buffering=1, closefd=False)
             sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
             logging.root.handlers.clear()
-            code = _torchrun(argv)
+            code = _torchrun(argv, fork_ranks)
         except BaseException:  # before torchrun began: said in the node's log all the same
             traceback.print_exc()
         finally:
@@ -208,14 +238,28 @@ def _start_node(argv: list[str], env: dict[str, str]) -> Node:
     return Node(pid, os.fdopen(read, "rb"))
 
 
-def _torchrun(argv: list[str]) -> int:
+def _torchrun(argv: list[str], fork_ranks: bool) -> int:
     """torchrun's own entry point, run in this process; its exit code as `python -m
     torch.distributed.run` would give it (1 and the traceback, which holds torchrun's
-    report of the failed ranks, for what it raises)."""
+    report of the failed ranks, for what it raises). With `fork_ranks` its ranks are this
+    process forked, running `_forked_rank` (torchrun's own `--start-method=fork`, which it
+    offers for a function), else `python -u -m abtrain ...` afresh."""
     try:
-        from torch.distributed.run import main
+        import torch
+        from torch.distributed import run
+        from torch.distributed.launcher.api import elastic_launch
 
-        main(argv)
+        if not fork_ranks:
+            run.main(argv)
+            return 0
+        # run.main, but for the entry point: ours name their rendezvous (static with a
+        # port, c10d with an endpoint), so none of its defaults for a missing one applies
+        args = run.parse_args(argv)
+        torch.multiprocessing._set_thread_name("pt_elastic")
+        print(FORKED, file=sys.stderr, flush=True)  # the node's log says how its ranks began
+        config, _, _ = run.config_from_args(args)
+        config.start_method = "fork"
+        elastic_launch(config, _forked_rank)(*args.training_script_args)
         return 0
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
@@ -229,6 +273,37 @@ def _torchrun(argv: list[str]) -> int:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _forked_rank(*args: str) -> None:
+    """`python -m abtrain ARGS` (runpy's, as `-m` runs it) in a rank forked from its node's
+    torchrun, started as torchrun starts one afresh: in a session of its own, with a fresh
+    Python's signal handlers (not torchrun's, which raise), one thread, the same `sys.argv`,
+    and its traceback and exit code for a failure."""
+    os.setsid()
+    try:  # what `ps` and `top` show for it: its torchrun named itself pt_elastic
+        Path("/proc/self/comm").write_text(f"abtrain rank {os.environ.get('RANK', '')}"[:15])
+    except OSError:
+        pass
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import torch
+
+    torch.set_num_threads(1)
+    sys.argv = ["-m", *args]  # runpy puts the module's path first, as `python -m` does
+    try:
+        runpy.run_module("abtrain", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        sys.exit(code)
 
 
 class Node:
@@ -258,24 +333,27 @@ class Node:
 def _watch(
     procs: list[Node], grace: float, said: list[tuple[int, str]]
 ) -> tuple[int, int | None, list[int]]:
-    """Wait for every node; after the first failure the others get `grace` seconds.
-    Returns (exit code, the first node that failed, the nodes that did not answer)."""
-    code, deadline, failed = 0, None, None
-    while any(p.poll() is None for p in procs):
-        if deadline is not None and time.monotonic() > deadline:
-            return code, failed, [node for node, p in enumerate(procs) if p.poll() is None]
+    """Wait for every node; after the first failure the others get `grace` seconds, and
+    after a torchrun killed none. Returns (exit code, the node that failed first, or whose
+    torchrun was killed: that explains the others' failures, seen before it or not; the
+    nodes that did not answer)."""
+    code, deadline, failed, killed = 0, None, None, False
+    while True:
+        running = [node for node, p in enumerate(procs) if p.poll() is None]
         for node, p in enumerate(procs):
-            if p.poll() and not code:
+            if killed or not p.returncode:
+                continue
+            if p.returncode < 0:  # torchrun itself killed: no rank is left to report
+                how = signal.Signals(-p.returncode).name
+                said.insert(0, (node, f"node {node}'s torchrun was killed by {how}"))
+                code, deadline, failed, killed = 128 - p.returncode, time.monotonic(), node, True
+            elif not code:
                 code, deadline, failed = p.returncode, time.monotonic() + grace, node
-                if code < 0:  # torchrun itself killed: no rank is left to report
-                    killed = signal.Signals(-code).name
-                    said.insert(0, (node, f"node {node}'s torchrun was killed by {killed}"))
-                    code, deadline = 128 - code, time.monotonic()
+        if not running:
+            return code, failed, []
+        if deadline is not None and time.monotonic() > deadline:
+            return code, failed, running
         time.sleep(0.2)
-    if not code:  # every node ended between two looks
-        failed = next((n for n, p in enumerate(procs) if p.returncode), None)
-        code = 0 if failed is None else procs[failed].returncode
-    return code, failed, []
 
 
 def _log_folder(args: Sequence[str]) -> Path:

@@ -357,12 +357,12 @@ def test_a_nodes_torchrun_killed_outright_ends_the_run_at_once_saying_so(tmp_pat
     first = start(tmp_path, *DDP, "steps=100000", "checkpoint_every=10")
     try:
         wait_for(tmp_path / "checkpoints" / "LATEST", first)
-        node1 = [pid for pid in node_processes(tmp_path, 1) if parent_of(pid) == first.pid]
-        assert len(node1) == 1, node1  # its torchrun, the launcher's child
+        torchrun, *ranks = node_processes(first.pid, tmp_path, 1)
+        assert len(ranks) == 1, ranks
         t0 = time.monotonic()
-        os.kill(node1[0], signal.SIGKILL)
+        os.kill(torchrun, signal.SIGKILL)
         _, err = first.communicate(timeout=60)
-        assert first.returncode == 128 + signal.SIGKILL
+        assert first.returncode == 128 + signal.SIGKILL, err.decode()[-3000:]
         assert "node 1's torchrun was killed by SIGKILL" in err.decode()
         assert time.monotonic() - t0 < 45  # not the peers' collective timeout and more
         assert gone(tmp_path, 30) == [], "processes of the run alive 30 s after the kill"
@@ -432,18 +432,26 @@ def test_the_launcher_refuses_its_own_arguments_and_the_worlds_misfits_in_one_li
     assert not out.exists()
 
 
-def node_processes(out: Path, node: int) -> list[int]:
-    """The processes of one node of the run: the ranks its torchrun told they are on that
-    node, and their parent, the torchrun."""
-    ranks = []
-    for pid in processes_of(out):
+def children_of(pid: int, out: Path) -> list[int]:
+    """The run's processes whose parent is `pid`, oldest first (forked in one clock tick:
+    by pid)."""
+    kids = []
+    for child in processes_of(out):
         try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
+            if parent_of(child) == pid:
+                started = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[19])
+                kids.append((started, child))
+        except (OSError, IndexError, ValueError):
             continue
-        if f"GROUP_RANK={node}".encode() in environ:
-            ranks.append(pid)
-    return sorted({*ranks, *(parent_of(pid) for pid in ranks)})
+    return [child for _, child in sorted(kids)]
+
+
+def node_processes(launcher: int, out: Path, node: int) -> list[int]:
+    """One node of the run: its torchrun (the launcher starts node N's N-th) and the ranks
+    that torchrun started. A forked rank's /proc/PID/environ is its launcher's, so it is
+    found by its parent."""
+    torchrun = children_of(launcher, out)[node]
+    return [torchrun, *children_of(torchrun, out)]
 
 
 @pytest.mark.parametrize("node", [1, 0], ids=["node1", "node0-the-store"])
@@ -457,7 +465,7 @@ def test_a_node_that_stops_answering_ends_the_run_within_the_timeout_naming_it(t
     )
     try:
         wait_for(tmp_path / "checkpoints" / "LATEST", first)
-        frozen = node_processes(tmp_path, node)
+        frozen = node_processes(first.pid, tmp_path, node)
         assert len(frozen) == 2  # its torchrun and its rank
         t0 = time.monotonic()
         for pid in frozen:

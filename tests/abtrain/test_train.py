@@ -2,7 +2,10 @@
 
 import csv
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -10,11 +13,12 @@ import pytest
 import torch
 
 from abtrain import models
+from abtrain.commands import localrun
 from abtrain.distributed import ledger
 from abtrain.method import lowrank, schedule
 from abtrain.predict import footprint, traffic
 from abtrain.run import checkpointer
-from tests.helpers import launch, spawn, summary, tiny_config
+from tests.helpers import PARAMS, ROOT, TINY, launch, spawn, summary, tiny_config
 
 METHODS = ["ddp", "ab", "ab_nogroups", "ab_individual", "powersgd", "localsgd", "diloco"]
 # The ab run keeps every checkpoint (a setting that changes no number the run computes):
@@ -256,6 +260,39 @@ def test_killed_run_resumes_to_the_same_weights_and_loss_bit_for_bit(runs, tmp_p
         return [{k: v for k, v in e.items() if k != "seconds"} for e in evals]
 
     assert timeless(a["evals"]) == timeless(b["evals"])
+    assert a["train_loss_final"] == b["train_loss_final"]
+    assert a["traffic"]["inter_node_bytes"] == b["traffic"]["inter_node_bytes"]
+
+
+@pytest.mark.multiprocess
+def test_ranks_the_launcher_forks_train_bit_for_bit_as_ranks_torchrun_starts_afresh(runs, tmp_path):
+    """The launcher forks each node's ranks from its torchrun (one thread a rank, as here);
+    a cluster's torchrun starts them afresh. The same AB run started the cluster's way,
+    two `torchrun` commands of one thread a rank, ends in the same weights on every rank."""
+    assert localrun.FORKED in (runs["ab"] / "logs" / "node-0.log").read_text()
+    args = ["train", "--config", str(PARAMS), "--out", str(tmp_path)]
+    for o in [*TINY, "method=ab", *RUN_SETS["ab"]]:
+        args += ["--set", o]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", *cmd],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for cmd in localrun.torchrun_commands(2, 2, args, localrun.free_port())
+    ]
+    for node in nodes:
+        _, err = node.communicate(timeout=240)
+        assert node.returncode == 0, err[-3000:]
+    for rank in range(4):
+        want, got = final_weights(runs["ab"], rank), final_weights(tmp_path, rank)
+        for key in want:
+            assert torch.equal(want[key], got[key]), (rank, key)
+    a, b = summary(runs["ab"]), summary(tmp_path)
     assert a["train_loss_final"] == b["train_loss_final"]
     assert a["traffic"]["inter_node_bytes"] == b["traffic"]["inter_node_bytes"]
 
