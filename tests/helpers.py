@@ -201,6 +201,13 @@ class Proc(typing.NamedTuple):
     parent: int
     session: int
     command: str
+    name: str  # /proc/PID/comm: a rank the launcher forked is "abtrain rank N" (localrun)
+
+    def is_rank(self) -> bool:
+        """A rank of `python -m abtrain train`: started afresh (its command line says so;
+        torchrun's own names the command it runs) or forked by the launcher."""
+        fresh = "abtrain train" in self.command and "distributed.run" not in self.command
+        return fresh or self.name.startswith("abtrain rank")
 
 
 def processes() -> dict[int, Proc]:
@@ -209,10 +216,11 @@ def processes() -> dict[int, Proc]:
     out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command's name
+            name, rest = stat.read_text().split("(", 1)[1].rsplit(")", 1)
+            fields = rest.split()  # after the command's name
             cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, IndexError):
+        except (OSError, IndexError, ValueError):
             continue
         if fields[0] != "Z":
-            out[int(stat.parent.name)] = Proc(int(fields[1]), int(fields[3]), cmd)
+            out[int(stat.parent.name)] = Proc(int(fields[1]), int(fields[3]), cmd, name)
     return out

@@ -19,7 +19,7 @@ from PIL import Image
 from ruamel.yaml import YAML
 
 from pipeline.miniature.run import freeze_paper_scale
-from tests.helpers import ROOT, processes
+from tests.helpers import ROOT, Proc, processes
 
 # dvc on a copy of the repository, every test; the `mini` pipeline trains with torchrun and
 # searches with mpirun
@@ -695,15 +695,15 @@ def outputs(repo: Path) -> dict[str, bytes]:
     return {str(f.relative_to(repo)): f.read_bytes() for f in found}
 
 
-def descendants(pid: int) -> dict[int, str]:
+def descendants(pid: int) -> dict[int, Proc]:
     """The live processes `pid` started, and theirs (a launcher's nodes start sessions of
-    their own, so a session does not hold them all): pid -> command line."""
+    their own, so a session does not hold them all)."""
     procs, found, todo = processes(), {}, [pid]
     while todo:
         parent = todo.pop()
         for child, p in procs.items():
             if p.parent == parent and child not in found:
-                found[child] = p.command
+                found[child] = p
                 todo.append(child)
     return found
 
@@ -716,9 +716,9 @@ def in_background(cmd: list[str], repo: Path) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def alive(pids) -> dict[int, str]:
+def alive(pids) -> dict[int, Proc]:
     procs = processes()
-    return {p: procs[p].command for p in pids if p in procs}
+    return {p: procs[p] for p in pids if p in procs}
 
 
 def wait_until(what, seconds: float, proc: subprocess.Popen | None = None) -> None:
@@ -779,16 +779,15 @@ def test_dvc_killed_during_a_stage_takes_the_stage_and_its_ranks_with_it(mini, t
     longer = "experiments.epochs=300"
     cmd = [str(BIN / "dvc"), "exp", "run", "-S", value, "-S", longer, "train@ddp-2x1"]
     proc = in_background(cmd, repo)
-    tree: dict[int, str] = {}
+    tree: dict[int, Proc] = {}
     try:
 
-        def training() -> bool:  # both ranks started (torchrun's own line names no rank)
+        def training() -> bool:  # both ranks started
             tree.update(descendants(proc.pid))
-            ranks = [c for c in alive(tree).values() if "abtrain train" in c]
-            return sum("distributed.run" not in c for c in ranks) == 2
+            return sum(p.is_rank() for p in alive(tree).values()) == 2
 
         wait_until(training, 300, proc)
-        assert any("pipeline.train ddp-2x1" in c for c in tree.values())
+        assert any("pipeline.train ddp-2x1" in p.command for p in tree.values())
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 30
@@ -823,7 +822,7 @@ def test_a_second_retrain_of_a_run_is_refused_before_it_moves_anything(mini):
     cmd = [sys.executable, "-m", "pipeline.retrain", "ab-2x1"]
     aside = set(folder.parent.glob("ab-2x1.moved-*"))
     first = in_background(cmd, repo)
-    tree: dict[int, str] = {}
+    tree: dict[int, Proc] = {}
     try:
 
         def training() -> bool:  # its folder moved aside, and a new one started
