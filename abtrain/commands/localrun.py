@@ -303,7 +303,14 @@ def _forked_rank(*args: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if code:
+        # torchrun reports one failure of forked ranks, the first it finds ended (a fresh
+        # rank's report names the earliest): a rank failing on a peer that died without a
+        # word waits, so that its torchrun finds the peer's own end first and names it
+        time.sleep(FAILED_RANK_WAIT_S)
         sys.exit(code)
+
+
+FAILED_RANK_WAIT_S = 1.0  # ten of torchrun's looks at its ranks (--monitor-interval 0.1)
 
 
 class Node:
