@@ -57,9 +57,16 @@ def free_port() -> int:
 
 
 def torchrun_commands(
-    nnodes: int, nproc_per_node: int, args: Sequence[str], port: int, max_restarts: int = 0
+    nnodes: int,
+    nproc_per_node: int,
+    args: Sequence[str],
+    port: int,
+    max_restarts: int = 0,
+    scratch: Path | None = None,
 ) -> list[list[str]]:
-    """One torchrun command line per node (its arguments, after `torchrun`).
+    """One torchrun command line per node (its arguments, after `torchrun`). `scratch`:
+    where node N's torchrun keeps its folders (`--log-dir scratch/node-N`), which it would
+    otherwise make in $TMPDIR (`torchelastic_*`), one a launch, and never remove.
 
     Restarts across several nodes need the c10d rendezvous: under the static one each node's
     torchrun restarts its ranks on its own, at its own time, and the new ranks meet the old
@@ -80,11 +87,12 @@ def torchrun_commands(
             f"--nproc-per-node={nproc_per_node}",
             *rendezvous,
             f"--max-restarts={int(max_restarts)}",
+            *([f"--log-dir={scratch / f'node-{node}'}"] if scratch else []),
             "-m",
             "abtrain",
             *args,
         ]
-        for rendezvous in per_node
+        for node, rendezvous in enumerate(per_node)
     ]
 
 
@@ -120,8 +128,9 @@ def run_local(
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     code, failed, hung = 0, None, []
+    scratch = Path(tempfile.mkdtemp(prefix="abtrain-torchrun-"))
     try:
-        cmds = torchrun_commands(nnodes, nproc_per_node, args, free_port(), max_restarts)
+        cmds = torchrun_commands(nnodes, nproc_per_node, args, free_port(), max_restarts, scratch)
         fork = forks_ranks(env)
         if fork:
             _import_what_a_rank_imports()
@@ -147,6 +156,7 @@ def run_local(
             relay.join(timeout=10)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        shutil.rmtree(scratch, ignore_errors=True)
     if stopping.is_set():
         print(f"[abtrain.launch] every node stopped; {_last_checkpoint(args)}", file=sys.stderr)
     elif not code and logs.name.startswith("abtrain-launch-"):  # a temporary one, not needed

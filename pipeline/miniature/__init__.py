@@ -1,13 +1,13 @@
 """The paper's profile in miniature: `python -m pipeline.miniature` (`bash scripts/paper_mini.sh`).
 
 `profiles/paper.yaml` with only sizes changed (steps, evaluations, batch sizes, ranks, the
-width of the models that have one to spare: the search's mini-ViT and VGG16; ViT-B/16 and
-ResNet-50 stay as they are, at 224 px) and the places a run reads from or runs on (the data
+width of the models that have one to spare: the search's mini-ViT and VGG16; ViT-B/16
+stays as it is, at 224 px) and the places a run reads from or runs on (the data
 sources, the cluster's partition and cores), run end to end: `dvc repro` in a fresh working
 copy of this repository, through the SLURM launcher, on generated data in the real formats:
 
 - an ImageNet-style `train/<wnid>/*.JPEG`, `val/<wnid>/*.JPEG` tree of JPEGs of 240-500 px
-  a side, as a tar archive written by the system's GNU tar (for ViT-B/16 and ResNet-50);
+  a side, as a tar archive written by the system's GNU tar (for ViT-B/16);
 - a CIFAR-100 archive in the python-version layout (`cifar-100-python/{train,test,meta}`,
   pickled as Python 2 wrote them: keys and file names are py2 `str`; `data` uint8 (N, 3072))
   for the Propulate/Optuna search under mpirun;
@@ -15,7 +15,7 @@ copy of this repository, through the SLURM launcher, on generated data in the re
   class, through the ImageFolder path) where that file exists, else a generated CIFAR-10
   python archive.
 
-The matrix keeps ab of each model and ddp of VGG16 on 2 nodes. Every change to the paper's values is
+The matrix keeps ab of ViT-B/16 and VGG16 and ddp of VGG16 on 2 nodes. Every change to the paper's values is
 in `overrides()` of profile.py (path patterns over the params, run `set` lists read as key=value);
 nothing else differs, which tests/pipeline/test_paper_mini.py checks. By default the
 local SLURM cluster of the tests (tests/slurm_cluster.py: slurmctld and two slurmd nodes on

@@ -41,7 +41,7 @@ def processes_of(out: Path) -> list[int]:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().split(")")[-1].split()[0]
+            state = stat_of(int(entry.name))[0]
         except OSError:
             continue
         if str(out).encode() in cmdline and state != "Z":
@@ -49,10 +49,16 @@ def processes_of(out: Path) -> list[int]:
     return pids
 
 
+def stat_of(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command's name: state, parent, ..., start time
+    (19). Raises for a process that is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def parent_of(pid: int) -> int:
     """Raises for a process that is gone, unlike `abtrain.lifetime`'s (0): the tests signal
     what this finds, and a signal to pid 0 is one to the test's own process group."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return int(stat_of(pid)[1])
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
@@ -438,11 +444,11 @@ def children_of(pid: int, out: Path) -> list[int]:
     kids = []
     for child in processes_of(out):
         try:
-            if parent_of(child) == pid:
-                started = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[19])
-                kids.append((started, child))
-        except (OSError, IndexError, ValueError):
+            fields = stat_of(child)
+        except OSError:
             continue
+        if int(fields[1]) == pid:
+            kids.append((int(fields[19]), child))
     return [child for _, child in sorted(kids)]
 
 

@@ -29,13 +29,25 @@ RUN_SETS = {"ab": ("keep_checkpoints=10",)}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One short run of every method on 2 nodes × 2 ranks, shared by the tests below."""
-    out = {}
+    out = {"TMPDIR": tmp_path_factory.mktemp("tmp")}
     for method in METHODS:
         d = tmp_path_factory.mktemp(method)
-        proc = launch(d, f"method={method}", *RUN_SETS.get(method, ()))
+        proc = launch(d, f"method={method}", *RUN_SETS.get(method, ()), env=tmpdir(out))
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[method] = d
     return out
+
+
+def tmpdir(runs: dict) -> dict[str, str]:
+    """The runs' $TMPDIR, where each launch must leave nothing of its own (torchrun's
+    folders went there, one a launch, for good)."""
+    return {"TMPDIR": str(runs["TMPDIR"])}
+
+
+def left_in_tmpdir(runs: dict) -> list[str]:
+    """What the launches left in their $TMPDIR, but torch's cache, one a user, which every
+    process that imports torch._dynamo shares (`torchinductor_<user>`)."""
+    return sorted(p.name for p in runs["TMPDIR"].iterdir() if "torchinductor_" not in p.name)
 
 
 def final_weights(run_dir, rank, steps=40):
@@ -298,11 +310,19 @@ def test_ranks_the_launcher_forks_train_bit_for_bit_as_ranks_torchrun_starts_afr
 
 
 @pytest.mark.multiprocess
+def test_the_launches_leave_nothing_in_tmpdir(runs):
+    """Seven launches, each two torchruns: none leaves a folder behind (torchrun makes one
+    a launch when it is given no `--log-dir`, and never removes it)."""
+    assert not left_in_tmpdir(runs)
+
+
+@pytest.mark.multiprocess
 def test_a_run_killed_after_a_rebound_checkpoint_resumes_bit_for_bit(runs, tmp_path):
     # checkpoint 30 falls in a rebound phase: full rank, but each group's factors keep
     # AdamW moments of their own for the next AB phase, so each group saves its replica
-    killed = launch(tmp_path, "method=ab", env={"ABTRAIN_FAIL_AT": "1:33"})
+    killed = launch(tmp_path, "method=ab", env={"ABTRAIN_FAIL_AT": "1:33", **tmpdir(runs)})
     assert killed.returncode != 0
+    assert not left_in_tmpdir(runs)  # a failed launch too leaves nothing there
     assert_one_replica_per_group(tmp_path, 30)
     resume_and_compare(runs["ab"], tmp_path, "resumed from step 30 (rebound phase)")
     assert summary(tmp_path)["train_loss_final"] == summary(runs["ab"])["train_loss_final"]

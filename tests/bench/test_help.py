@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 
@@ -27,25 +28,37 @@ def snapshot() -> dict[str, tuple[int, str]]:
     return out
 
 
+# Each module as `python -m bench.NAME --help` runs it (runpy, `sys.argv` as -m sets it),
+# one after another in one process: each would import torch again in a process of its own.
+HELP_ALL = """
+import contextlib, io, json, runpy, sys
+said = {}
+for name in sys.argv[1:]:
+    sys.argv = ["-m", "--help"]
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module(f"bench.{name}", run_name="__main__", alter_sys=True)
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+    said[name] = (code, out.getvalue(), err.getvalue())
+print(json.dumps(said))
+"""
+
+
 @pytest.fixture(scope="module")
 def helped() -> dict:
-    """Every module's --help, all at once (each imports torch: one at a time is slow)."""
+    """Every module's --help."""
     before = snapshot()
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", f"bench.{name}", "--help"],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name in MODULES
-    }
-    done = {}
-    for name, p in procs.items():
-        out, err = p.communicate(timeout=300)
-        done[name] = (p.returncode, out, err)
-    return dict(before=before, after=snapshot(), runs=done)
+    proc = subprocess.run(
+        [sys.executable, "-c", HELP_ALL, *MODULES],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(before=before, after=snapshot(), runs=json.loads(proc.stdout))
 
 
 def test_every_bench_module_is_listed():
