@@ -9,5 +9,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
+# --max-worker-restart=0: as scripts/test.sh, a worker that dies ends the run naming its test
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart=0 \
   -m "not (multiprocess or cluster or browser or pipeline or slow)" "$@"
