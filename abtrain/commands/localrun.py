@@ -61,8 +61,8 @@ def torchrun_commands(
     nproc_per_node: int,
     args: Sequence[str],
     port: int,
+    scratch: Path,
     max_restarts: int = 0,
-    scratch: Path | None = None,
 ) -> list[list[str]]:
     """One torchrun command line per node (its arguments, after `torchrun`). `scratch`:
     where node N's torchrun keeps its folders (`--log-dir scratch/node-N`), which it would
@@ -87,7 +87,7 @@ def torchrun_commands(
             f"--nproc-per-node={nproc_per_node}",
             *rendezvous,
             f"--max-restarts={int(max_restarts)}",
-            *([f"--log-dir={scratch / f'node-{node}'}"] if scratch else []),
+            f"--log-dir={scratch / f'node-{node}'}",
             "-m",
             "abtrain",
             *args,
@@ -130,7 +130,7 @@ def run_local(
     code, failed, hung = 0, None, []
     scratch = Path(tempfile.mkdtemp(prefix="abtrain-torchrun-"))
     try:
-        cmds = torchrun_commands(nnodes, nproc_per_node, args, free_port(), max_restarts, scratch)
+        cmds = torchrun_commands(nnodes, nproc_per_node, args, free_port(), scratch, max_restarts)
         fork = forks_ranks(env)
         if fork:
             _import_what_a_rank_imports()

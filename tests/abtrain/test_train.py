@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,27 +28,29 @@ RUN_SETS = {"ab": ("keep_checkpoints=10",)}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def launch_tmp(tmp_path_factory):
+    """The launches' $TMPDIR, where each must leave nothing of its own (torchrun's folders
+    went there, one a launch, for good)."""
+    return tmp_path_factory.mktemp("tmp")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, launch_tmp):
     """One short run of every method on 2 nodes × 2 ranks, shared by the tests below."""
-    out = {"TMPDIR": tmp_path_factory.mktemp("tmp")}
+    out = {}
     for method in METHODS:
         d = tmp_path_factory.mktemp(method)
-        proc = launch(d, f"method={method}", *RUN_SETS.get(method, ()), env=tmpdir(out))
+        env = {"TMPDIR": str(launch_tmp)}
+        proc = launch(d, f"method={method}", *RUN_SETS.get(method, ()), env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[method] = d
     return out
 
 
-def tmpdir(runs: dict) -> dict[str, str]:
-    """The runs' $TMPDIR, where each launch must leave nothing of its own (torchrun's
-    folders went there, one a launch, for good)."""
-    return {"TMPDIR": str(runs["TMPDIR"])}
-
-
-def left_in_tmpdir(runs: dict) -> list[str]:
-    """What the launches left in their $TMPDIR, but torch's cache, one a user, which every
+def left_in(tmp: Path) -> list[str]:
+    """What launches left in their $TMPDIR `tmp`, but torch's cache, one a user, which every
     process that imports torch._dynamo shares (`torchinductor_<user>`)."""
-    return sorted(p.name for p in runs["TMPDIR"].iterdir() if "torchinductor_" not in p.name)
+    return sorted(p.name for p in tmp.iterdir() if "torchinductor_" not in p.name)
 
 
 def final_weights(run_dir, rank, steps=40):
@@ -282,7 +285,8 @@ def test_ranks_the_launcher_forks_train_bit_for_bit_as_ranks_torchrun_starts_afr
     a cluster's torchrun starts them afresh. The same AB run started the cluster's way,
     two `torchrun` commands of one thread a rank, ends in the same weights on every rank."""
     assert localrun.FORKED in (runs["ab"] / "logs" / "node-0.log").read_text()
-    args = ["train", "--config", str(PARAMS), "--out", str(tmp_path)]
+    out = tmp_path / "run"
+    args = ["train", "--config", str(PARAMS), "--out", str(out)]
     for o in [*TINY, "method=ab", *RUN_SETS["ab"]]:
         args += ["--set", o]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -295,34 +299,37 @@ def test_ranks_the_launcher_forks_train_bit_for_bit_as_ranks_torchrun_starts_afr
             stderr=subprocess.PIPE,
             text=True,
         )
-        for cmd in localrun.torchrun_commands(2, 2, args, localrun.free_port())
+        for cmd in localrun.torchrun_commands(
+            2, 2, args, localrun.free_port(), tmp_path / "torchrun"
+        )
     ]
     for node in nodes:
         _, err = node.communicate(timeout=240)
         assert node.returncode == 0, err[-3000:]
     for rank in range(4):
-        want, got = final_weights(runs["ab"], rank), final_weights(tmp_path, rank)
+        want, got = final_weights(runs["ab"], rank), final_weights(out, rank)
         for key in want:
             assert torch.equal(want[key], got[key]), (rank, key)
-    a, b = summary(runs["ab"]), summary(tmp_path)
+    a, b = summary(runs["ab"]), summary(out)
     assert a["train_loss_final"] == b["train_loss_final"]
     assert a["traffic"]["inter_node_bytes"] == b["traffic"]["inter_node_bytes"]
 
 
 @pytest.mark.multiprocess
-def test_the_launches_leave_nothing_in_tmpdir(runs):
+def test_the_launches_leave_nothing_in_tmpdir(runs, launch_tmp):
     """Seven launches, each two torchruns: none leaves a folder behind (torchrun makes one
     a launch when it is given no `--log-dir`, and never removes it)."""
-    assert not left_in_tmpdir(runs)
+    assert not left_in(launch_tmp)
 
 
 @pytest.mark.multiprocess
-def test_a_run_killed_after_a_rebound_checkpoint_resumes_bit_for_bit(runs, tmp_path):
+def test_a_run_killed_after_a_rebound_checkpoint_resumes_bit_for_bit(runs, launch_tmp, tmp_path):
     # checkpoint 30 falls in a rebound phase: full rank, but each group's factors keep
     # AdamW moments of their own for the next AB phase, so each group saves its replica
-    killed = launch(tmp_path, "method=ab", env={"ABTRAIN_FAIL_AT": "1:33", **tmpdir(runs)})
+    env = {"ABTRAIN_FAIL_AT": "1:33", "TMPDIR": str(launch_tmp)}
+    killed = launch(tmp_path, "method=ab", env=env)
     assert killed.returncode != 0
-    assert not left_in_tmpdir(runs)  # a failed launch too leaves nothing there
+    assert not left_in(launch_tmp)  # a failed launch too leaves nothing there
     assert_one_replica_per_group(tmp_path, 30)
     resume_and_compare(runs["ab"], tmp_path, "resumed from step 30 (rebound phase)")
     assert summary(tmp_path)["train_loss_final"] == summary(runs["ab"])["train_loss_final"]
